@@ -1,0 +1,283 @@
+"""Model configuration: one frozen, validated dataclass and the named presets.
+
+A `ModelConfig` describes every architectural choice of the Transformer family that aiayn
+builds.  It is frozen (hashable, safe to share), validated in ``__post_init__`` (a bad value
+raises ``ValueError`` naming the field, the value and what was expected), and serialisable to
+JSON so that a checkpoint describes itself.
+
+The presets reproduce published sizes:
+
+* ``paper-base`` / ``paper-big`` -- Table 3 of Vaswani et al. (2017): the encoder-decoder with
+  post-LN, ReLU, sinusoidal positions and a shared 37,000-token BPE vocabulary (§5.1, §3.4).
+* ``gpt2-small`` -- Radford et al. (2019): decoder-only, pre-LN, learned positions, GELU.
+* ``llama-style-small`` -- a small model with the Llama recipe (Touvron et al., 2023):
+  RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases.
+* ``bert-base`` -- Devlin et al. (2019): encoder-only, post-LN, learned positions, GELU, with
+  a masked-language-model head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+Arch = Literal["encoder-decoder", "decoder", "encoder"]
+Positional = Literal["sinusoidal", "learned", "rope", "none"]
+Norm = Literal["layernorm", "rmsnorm"]
+NormPosition = Literal["post", "pre"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
+Backend = Literal["reference", "sdpa"]
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "arch": get_args(Arch),
+    "positional": get_args(Positional),
+    "norm": get_args(Norm),
+    "norm_position": get_args(NormPosition),
+    "activation": get_args(Activation),
+    "attention_backend": get_args(Backend),
+}
+
+
+def _fail(name: str, value: object, expected: str) -> ValueError:
+    return ValueError(f"ModelConfig.{name}={value!r} is invalid: expected {expected}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every architectural choice of a Transformer model.
+
+    Field names follow the paper where it has one: ``d_model``, ``n_heads`` (h), ``d_ff``,
+    ``n_layers`` (N).  ``d_head`` (d_k = d_v) defaults to ``d_model // n_heads`` (§3.2.2).
+    """
+
+    arch: Arch = "encoder-decoder"
+    vocab_size: int = 37000
+    # Source vocabulary of an encoder-decoder; None = shared with the target (paper §5.1).
+    src_vocab_size: int | None = None
+    n_layers: int = 6  # encoder layers, or all layers of a single-stack model
+    n_decoder_layers: int | None = None  # decoder layers of an encoder-decoder; None = n_layers
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None = n_heads (MHA); 1 = multi-query; else grouped-query
+    d_head: int | None = None  # None = d_model // n_heads
+    d_ff: int = 2048
+    max_len: int = 1024
+    positional: Positional = "sinusoidal"
+    rope_base: float = 10000.0
+    rope_scaling: float = 1.0  # positions are divided by this (linear position interpolation)
+    norm: Norm = "layernorm"
+    norm_position: NormPosition = "post"
+    norm_eps: float = 1e-5
+    activation: Activation = "relu"
+    bias: bool = True
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
+    tie_embeddings: bool = True  # share input embeddings and the output projection, §3.4
+    attention_backend: Backend = "sdpa"
+    pad_id: int | None = 0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise _fail(name, value, f"one of {', '.join(map(repr, choices))}")
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _fail(name, value, "a positive integer")
+        for name in ("src_vocab_size", "n_decoder_layers", "n_kv_heads", "d_head"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise _fail(name, value, "a positive integer or None")
+        if self.d_head is None and self.d_model % self.n_heads:
+            raise _fail(
+                "d_model", self.d_model, f"a multiple of n_heads={self.n_heads} (or set d_head)"
+            )
+        if self.n_heads % self.kv_heads:
+            raise _fail("n_heads", self.n_heads, f"a multiple of n_kv_heads={self.kv_heads}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise _fail("d_head", self.head_dim, "an even head size for rotary positions")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise _fail(name, value, "a probability in [0, 1)")
+        if self.rope_base <= 0 or self.rope_scaling <= 0:
+            raise _fail("rope_base/rope_scaling", (self.rope_base, self.rope_scaling), "> 0")
+        if self.norm_eps <= 0:
+            raise _fail("norm_eps", self.norm_eps, "> 0")
+        if self.arch != "encoder-decoder":
+            if self.src_vocab_size is not None:
+                raise _fail("src_vocab_size", self.src_vocab_size, f"None for arch={self.arch!r}")
+            if self.n_decoder_layers is not None:
+                raise _fail(
+                    "n_decoder_layers", self.n_decoder_layers, f"None for arch={self.arch!r}"
+                )
+        if (
+            self.tie_embeddings
+            and self.src_vocab_size is not None
+            and self.src_vocab_size != self.vocab_size
+        ):
+            raise _fail(
+                "tie_embeddings",
+                True,
+                f"False when src_vocab_size={self.src_vocab_size} != vocab_size={self.vocab_size}"
+                " (tying needs a shared vocabulary)",
+            )
+        if self.pad_id is not None and not 0 <= self.pad_id < min(
+            self.vocab_size, self.source_vocab_size
+        ):
+            raise _fail("pad_id", self.pad_id, "an id inside the vocabulary, or None")
+
+    # ----- derived sizes -------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads if self.d_head is None else self.d_head
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.vocab_size if self.src_vocab_size is None else self.src_vocab_size
+
+    # ----- serialisation -------------------------------------------------------------------
+    def replace(self, **overrides: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again).  Unknown names raise."""
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(
+                f"unknown ModelConfig field(s) {unknown}; expected some of {field_names()}"
+            )
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        unknown = sorted(set(data) - set(field_names()))
+        if unknown:
+            raise ValueError(
+                f"unknown ModelConfig field(s) {unknown}; expected some of {field_names()}"
+            )
+        return cls(**dict(data))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"model config is not valid JSON: {err}") from err
+        if not isinstance(data, dict):
+            raise ValueError(f"model config JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(ModelConfig)]
+
+
+# ----- presets ------------------------------------------------------------------------------
+
+
+def _paper_base() -> ModelConfig:
+    """Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (about 65M parameters)."""
+    return ModelConfig()
+
+
+def _paper_big() -> ModelConfig:
+    """Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (about 213M)."""
+    return ModelConfig(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
+
+
+def _gpt2_small() -> ModelConfig:
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=50257,
+        n_layers=12,
+        d_model=768,
+        n_heads=12,
+        d_ff=3072,
+        max_len=1024,
+        positional="learned",
+        norm_position="pre",
+        activation="gelu_tanh",
+        scale_embeddings=False,
+        pad_id=None,
+    )
+
+
+def _llama_style_small() -> ModelConfig:
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=32000,
+        n_layers=12,
+        d_model=768,
+        n_heads=12,
+        n_kv_heads=4,
+        d_ff=2048,
+        max_len=2048,
+        positional="rope",
+        norm="rmsnorm",
+        norm_position="pre",
+        norm_eps=1e-6,
+        activation="swiglu",
+        bias=False,
+        dropout=0.0,
+        scale_embeddings=False,
+        tie_embeddings=False,
+        pad_id=None,
+    )
+
+
+def _bert_base() -> ModelConfig:
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=30522,
+        n_layers=12,
+        d_model=768,
+        n_heads=12,
+        d_ff=3072,
+        max_len=512,
+        positional="learned",
+        norm_eps=1e-12,
+        activation="gelu",
+        scale_embeddings=False,
+        pad_id=0,
+    )
+
+
+_PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "paper-base": _paper_base,
+    "paper-big": _paper_big,
+    "gpt2-small": _gpt2_small,
+    "llama-style-small": _llama_style_small,
+    "bert-base": _bert_base,
+}
+
+
+def presets() -> list[str]:
+    """Names of the built-in model presets."""
+    return list(_PRESETS)
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+    """The named preset's config, with ``overrides`` applied (field names of ModelConfig)."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(presets())}")
+    return _PRESETS[name]().replace(**overrides)

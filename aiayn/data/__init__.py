@@ -1,0 +1,1 @@
+"""Data: where it lives, reading text files, tokenizers."""

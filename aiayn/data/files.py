@@ -1,0 +1,51 @@
+"""Finding the data folder and reading line-oriented text (plain or gzip) with clear errors.
+
+The data folder comes from, in order: an explicit argument (the CLI's ``--data``), the
+environment variable ``AIAYN_DATA``, or ``../shared/data`` beside the current folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+ENV_VAR = "AIAYN_DATA"
+
+
+def data_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The folder holding ``multi30k/`` and ``tinyshakespeare/``."""
+    if explicit is not None:
+        path = Path(explicit)
+    elif os.environ.get(ENV_VAR):
+        path = Path(os.environ[ENV_VAR])
+    else:
+        path = Path.cwd().parent / "shared" / "data"
+    if not path.is_dir():
+        raise ValueError(f"data folder {path} does not exist: pass --data DIR or set {ENV_VAR}=DIR")
+    return path
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[str]:
+    """All lines of a UTF-8 text file (``.gz`` is decompressed), without line endings.
+
+    Raises ValueError naming the file for a missing, empty, or non-UTF-8 file (with the line
+    number of the first bad byte sequence).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"text file {p} does not exist")
+    opener = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError) as err:
+        raise ValueError(f"cannot read {p}: {err}") from err
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"{p}, line {line}: not valid UTF-8 text ({err.reason})") from None
+    if not lines:
+        raise ValueError(f"text file {p} is empty")
+    return lines

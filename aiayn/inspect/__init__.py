@@ -1,0 +1,1 @@
+"""Looking inside models: summaries, (later) attention maps, position plots, cost calculators."""

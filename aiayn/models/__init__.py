@@ -1,0 +1,46 @@
+"""The three model families, built from one block (see aiayn/nn/blocks.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiayn.config import ModelConfig, get_preset
+from aiayn.models.base import TransformerModel
+from aiayn.models.decoder import DecoderLM
+from aiayn.models.encoder import EncoderLM
+from aiayn.models.encoder_decoder import EncoderDecoder
+
+_FAMILIES: dict[str, type[TransformerModel]] = {
+    "encoder-decoder": EncoderDecoder,
+    "decoder": DecoderLM,
+    "encoder": EncoderLM,
+}
+
+
+def resolve_config(preset_or_config: str | ModelConfig, **overrides: Any) -> ModelConfig:
+    if isinstance(preset_or_config, ModelConfig):
+        return preset_or_config.replace(**overrides) if overrides else preset_or_config
+    if isinstance(preset_or_config, str):
+        return get_preset(preset_or_config, **overrides)
+    raise ValueError(
+        f"expected a preset name or a ModelConfig, got {type(preset_or_config).__name__}"
+    )
+
+
+def build_model(preset_or_config: str | ModelConfig, **overrides: Any) -> TransformerModel:
+    """Build a model from a preset name (see :func:`aiayn.presets`) or a config.
+
+    ``overrides`` are ModelConfig field names, e.g. ``build_model("paper-base", n_layers=2)``.
+    """
+    config = resolve_config(preset_or_config, **overrides)
+    return _FAMILIES[config.arch](config)
+
+
+__all__ = [
+    "DecoderLM",
+    "EncoderDecoder",
+    "EncoderLM",
+    "TransformerModel",
+    "build_model",
+    "resolve_config",
+]

@@ -1,0 +1,79 @@
+"""Encoder-only model (BERT: Devlin et al., 2019) with a masked-language-model head.
+
+The paper's encoder on its own: every position sees every other real position, so the model
+is trained by hiding tokens and predicting them.  The head follows BERT: a dense layer, the
+activation, a norm, then the (tied) projection to the vocabulary with its own bias.
+
+Shapes: B batch, T positions, C = d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.models.base import Stack, TransformerModel
+from aiayn.nn.blocks import Weights
+from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
+from aiayn.nn.norms import build_norm
+
+
+class MaskedLMHead(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.dense = nn.Linear(c.d_model, c.d_model)
+        self.norm = build_norm(c.norm, c.d_model, c.norm_eps)
+        self.proj = nn.Linear(c.d_model, c.vocab_size, bias=True)
+        self.tanh_gelu = c.activation == "gelu_tanh"
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.gelu(self.dense(x), approximate="tanh" if self.tanh_gelu else "none")  # (B, T, C)
+        return self.proj(self.norm(h))  # (B, T, V)
+
+
+class EncoderLM(TransformerModel):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        if config.arch != "encoder":
+            raise ValueError(f"EncoderLM needs arch='encoder', got {config.arch!r}")
+        c = config
+        self.embed = Embeddings(
+            c.vocab_size,
+            c.d_model,
+            positional=c.positional,
+            max_len=c.max_len,
+            scale=c.scale_embeddings,
+            dropout=c.dropout,
+        )
+        self.encoder = Stack(c, c.n_layers)
+        self.head = MaskedLMHead(c)
+        self.init_weights()
+        if c.tie_embeddings:
+            self.head.proj.weight = self.embed.token.weight
+
+    def encode(
+        self, ids: Tensor, *, attention_mask: Tensor | None = None, weights: Weights | None = None
+    ) -> Tensor:
+        """(B, T) ids -> (B, T, C) contextual vectors."""
+        check_ids(ids, self.config.vocab_size)
+        if attention_mask is None and self.config.pad_id is not None:
+            attention_mask = ids != self.config.pad_id
+        if attention_mask is not None:
+            check_token_mask(attention_mask, ids)
+        positions = self._positions(ids.shape[0], ids.shape[1], 0, ids.device)
+        x = self.embed(ids, positions)  # (B, T, C)
+        mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B,1,1,T)
+        return self.encoder(x, mask=mask, rotary=self._rotary(positions), weights=weights)
+
+    def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """(B, T) ids -> (B, T, V) logits for the masked-token prediction."""
+        return self.head(self.encode(ids, attention_mask=attention_mask))
+
+    def forward_with_weights(
+        self, ids: Tensor, *, attention_mask: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        weights: Weights = []
+        logits = self.head(self.encode(ids, attention_mask=attention_mask, weights=weights))
+        return logits, [w for w in weights if w is not None]

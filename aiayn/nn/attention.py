@@ -1,0 +1,273 @@
+"""Scaled dot-product attention, Eq. (1) of §3.2.1:
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+
+One entry point, :func:`scaled_dot_product_attention`, and several backends chosen by name:
+
+* ``"reference"`` -- the equation written out.  It materialises the (T, S) weights, so it can
+  return them (for pictures and tests), and costs O(T·S) memory.
+* ``"sdpa"`` -- ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels, never
+  returns weights).
+
+Both agree to 1e-5 in fp32 (tests/nn/test_attention.py).  Shapes: ``(..., T, D)`` queries,
+``(..., S, D)`` keys and values; with a head axis, ``(B, H, T, D)`` queries may face
+``(B, H_kv, S, D)`` keys when H is a multiple of H_kv (grouped-query attention, Ainslie et
+al., 2023).  Masks follow PyTorch: a boolean mask is True where attention is allowed; a float
+mask is added to the scores.  ``is_causal`` aligns the triangle bottom-right (the T queries are
+the last T of the S positions), which is what cached decoding needs.
+
+A query that may attend to nothing (a padding query, or a window that excludes every key)
+gets an all-zero output and zero gradients -- never NaN -- in every backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.nn.masks import causal_mask, sliding_window_mask
+
+ScaleArg = bool | float
+
+
+class Backend(Protocol):
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        *,
+        is_causal: bool,
+        window: int | None,
+        scale: float,
+        dropout_p: float,
+        return_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]: ...
+
+
+def _structural_mask(
+    t: int, s: int, is_causal: bool, window: int | None, device: torch.device
+) -> Tensor | None:
+    if window is not None:
+        return sliding_window_mask(t, s, window=window, device=device)
+    if is_causal:
+        return causal_mask(t, s, device=device)
+    return None
+
+
+def _reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    is_causal: bool,
+    window: int | None,
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q K^T · scale + mask) V, written out (Eq. 1)."""
+    t, s = q.shape[-2], k.shape[-2]
+    groups = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
+    if groups > 1:  # GQA: (B, H, T, D) -> (B, H_kv, G, T, D); keys gain a broadcast G axis
+        q = q.unflatten(-3, (k.shape[-3], groups))
+        k, v = k.unsqueeze(-3), v.unsqueeze(-3)
+        if mask is not None:
+            if mask.dim() >= 3 and mask.shape[-3] != 1:
+                mask = mask.unflatten(-3, (k.shape[-4], groups))
+            else:
+                mask = mask.unsqueeze(-3)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T, S)
+    masked = False
+    structural = _structural_mask(t, s, is_causal, window, q.device)
+    if structural is not None:
+        scores = scores.masked_fill(~structural, float("-inf"))
+        masked = True
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+        masked = True
+    if masked:
+        # Rows with no allowed key would be softmax(-inf, ..., -inf) = NaN: make them zeros.
+        dead = scores.amax(dim=-1, keepdim=True) == float("-inf")  # (..., T, 1)
+        scores = scores.masked_fill(dead, 0.0)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        weights = weights.masked_fill(dead, 0.0)
+    else:
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = torch.matmul(mixed, v)  # (..., T, D)
+    if groups > 1:
+        out = out.flatten(-4, -3)  # (B, H, T, D)
+        weights = weights.flatten(-4, -3)  # (B, H, T, S)
+    return out, (weights if return_weights else None)
+
+
+def _sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    is_causal: bool,
+    window: int | None,
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """PyTorch's fused scaled_dot_product_attention, with fully masked rows made zero."""
+    if return_weights:
+        raise ValueError("backend='sdpa' cannot return attention weights; use backend='reference'")
+    t, s = q.shape[-2], k.shape[-2]
+    enable_gqa = q.dim() >= 3 and q.shape[-3] != k.shape[-3]
+    if mask is None and window is None and (not is_causal or t == s):
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa
+        )
+        return out, None
+    structural = _structural_mask(t, s, is_causal, window, q.device)
+    if mask is None:
+        attn = structural
+    elif mask.dtype == torch.bool:
+        attn = mask if structural is None else mask & structural
+    else:
+        attn = mask if structural is None else mask.masked_fill(~structural, float("-inf"))
+    assert attn is not None
+    if attn.dtype == torch.bool:
+        dead = ~attn.any(dim=-1, keepdim=True)  # (..., T, 1)
+        attn = attn | dead  # let dead rows attend anywhere; their output is zeroed below
+    else:
+        dead = (attn == float("-inf")).all(dim=-1, keepdim=True)
+        attn = attn.masked_fill(dead, 0.0)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa
+    )
+    return out.masked_fill(dead, 0.0), None
+
+
+BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+    "reference": _reference,
+    "sdpa": _sdpa,
+}
+
+
+def register_backend(name: str, fn: Callable[..., tuple[Tensor, Tensor | None]]) -> None:
+    """Add an attention backend under ``name`` (same signature as the built-in ones)."""
+    BACKENDS[name] = fn
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        if x.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., T, D), got {tuple(x.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ValueError(
+            f"q, k, v must have the same rank, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the last dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"k and v must match except in the last dim, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if q.dim() >= 3 and q.shape[-3] % k.shape[-3]:
+        raise ValueError(
+            f"query heads ({q.shape[-3]}) must be a multiple of key/value heads ({k.shape[-3]})"
+        )
+    if q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(
+            f"q and k batch dims differ: {tuple(q.shape[:-3])} vs {tuple(k.shape[:-3])}"
+        )
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise ValueError(f"mask must be a tensor or None, got {type(mask).__name__}")
+        if mask.dtype != torch.bool and mask.dtype != q.dtype:
+            raise ValueError(f"mask must be bool or {q.dtype} (additive), got {mask.dtype}")
+        target = (*q.shape[:-1], k.shape[-2])
+        try:
+            if torch.broadcast_shapes(mask.shape, target) != target:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} does not broadcast to scores {target}"
+            ) from None
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    window: int | None = None,
+    scale: ScaleArg = True,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    backend: str = "reference",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Eq. (1): ``softmax(q k^T · scale + mask) v``.
+
+    Args:
+        q: (..., T, D) queries; k, v: (..., S, D) keys and values.  With a head axis, q may
+            have a multiple of k's heads (grouped-query / multi-query attention).
+        mask: boolean (True = may attend) or additive float mask broadcastable to (..., T, S).
+        is_causal: add the causal mask (bottom-right aligned: query i is at position S-T+i).
+        window: causal sliding window -- a query sees only the last ``window`` keys (itself
+            included).  Implies ``is_causal``.
+        scale: True for 1/sqrt(D) (the paper), False for no scaling (the ablation §3.2.1
+            argues against), or an explicit float.
+        dropout_p: dropout on the attention weights (pass 0 in evaluation).
+        return_weights: also return the (..., T, S) weights (reference backend only).
+        backend: a name in :data:`BACKENDS`.
+
+    Returns:
+        (..., T, D) output, or ``(output, weights)`` when ``return_weights``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"unknown attention backend {backend!r}; expected one of {sorted(BACKENDS)}"
+        )
+    _check_inputs(q, k, v, mask)
+    if window is not None and window < 1:
+        raise ValueError(f"window must be a positive integer or None, got {window}")
+    if (is_causal or window is not None) and q.shape[-2] > k.shape[-2]:
+        raise ValueError(
+            f"causal attention needs at least as many keys as queries, got T={q.shape[-2]}, S={k.shape[-2]}"
+        )
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if isinstance(scale, bool):
+        scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale else 1.0
+    else:
+        scale_value = float(scale)
+    out, weights = BACKENDS[backend](
+        q,
+        k,
+        v,
+        mask,
+        is_causal=is_causal,
+        window=window,
+        scale=scale_value,
+        dropout_p=dropout_p,
+        return_weights=return_weights,
+    )
+    if return_weights:
+        assert weights is not None
+        return out, weights
+    return out

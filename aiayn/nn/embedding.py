@@ -1,0 +1,82 @@
+"""Input embeddings (§3.4) plus positions (§3.5), then dropout (§5.4).
+
+``Embed(x) = E[x] · sqrt(d_model) + PE(pos)``: the paper multiplies the embedding weights by
+sqrt(d_model), so that the embeddings (drawn with std d_model^-0.5) and the unit-scale
+sinusoids have comparable magnitude.  The same matrix E can be shared with the other
+embedding and the pre-softmax projection ("weight tying", §3.4; Press & Wolf, 2017).
+
+Rotary positions are not added here: they rotate queries and keys inside attention.
+
+Shapes: B batch, T positions, C = d_model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import Positional
+from aiayn.nn.positions import LearnedPositions, SinusoidalPositions
+
+
+class Embeddings(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        positional: Positional,
+        max_len: int,
+        scale: bool,
+        dropout: float,
+        token: nn.Embedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model) if token is None else token
+        self.vocab_size = vocab_size
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        self.positions: nn.Module | None
+        if positional == "sinusoidal":
+            self.positions = SinusoidalPositions(max_len, d_model)
+        elif positional == "learned":
+            self.positions = LearnedPositions(max_len, d_model)
+        else:  # "rope" (applied in attention) or "none"
+            self.positions = None
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """(B, T) token ids and (T,) or (B, T) positions -> (B, T, C)."""
+        check_ids(ids, self.vocab_size)
+        x = self.token(ids)  # (B, T, C)
+        if self.scale != 1.0:
+            x = x * self.scale
+        if self.positions is not None:
+            x = x + self.positions(positions)
+        return self.dropout(x)
+
+
+def check_token_mask(mask: Tensor, ids: Tensor, name: str = "attention_mask") -> None:
+    """A per-token mask must be bool and shaped like the ids it describes."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != ids.shape:
+        got = (
+            f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        )
+        raise ValueError(
+            f"{name} must be bool with the shape of the ids {tuple(ids.shape)}, got {got}"
+        )
+
+
+def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
+    """Token ids must be an integer (B, T) tensor inside the vocabulary."""
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise ValueError(f"{name} must be an integer tensor of token ids, got dtype {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(
+            f"{name} must lie in [0, {vocab_size}), got values in [{int(ids.min())}, {int(ids.max())}]"
+        )

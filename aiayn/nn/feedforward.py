@@ -1,0 +1,63 @@
+"""Position-wise feed-forward networks (§3.3, Eq. 2).
+
+``FFN(x) = act(x W1 + b1) W2 + b2``, applied to every position separately and identically.
+The paper uses ReLU with d_ff = 4·d_model; GPT-2 and BERT use GELU (Hendrycks & Gimpel, 2016;
+GPT-2 the tanh approximation).  SwiGLU (Shazeer, 2020; Llama) gates the hidden layer:
+``(SiLU(x W1) ⊙ x W3) W2``.
+
+Shapes: (B, T, d_model) -> (B, T, d_ff) -> (B, T, d_model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.config import Activation
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+}
+
+
+class FeedForward(nn.Module):
+    """Eq. (2) with a chosen activation: ``act(x W1 + b1) W2 + b2``."""
+
+    def __init__(
+        self, d_model: int, d_ff: int, activation: Activation = "relu", bias: bool = True
+    ) -> None:
+        super().__init__()
+        if activation == "swiglu":
+            raise ValueError("use GatedFeedForward for activation='swiglu'")
+        self.activation = activation
+        self.act = _ACTIVATIONS[activation]
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.act(self.w1(x)))  # (B, T, F) -> (B, T, D)
+
+
+class GatedFeedForward(nn.Module):
+    """SwiGLU: ``(SiLU(x W1) ⊙ x W3) W2``; W1 and W3 are stored as one fused matrix."""
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
+        super().__init__()
+        self.d_ff = d_ff
+        self.w13 = nn.Linear(d_model, 2 * d_ff, bias=bias)  # [W1; W3]
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).split(self.d_ff, dim=-1)  # (B, T, F) each
+        return self.w2(F.silu(gate) * up)  # (B, T, D)
+
+
+def build_feedforward(d_model: int, d_ff: int, activation: Activation, bias: bool) -> nn.Module:
+    if activation == "swiglu":
+        return GatedFeedForward(d_model, d_ff, bias=bias)
+    return FeedForward(d_model, d_ff, activation, bias=bias)

@@ -1,0 +1,99 @@
+"""Multi-head attention against torch.nn.MultiheadAttention; GQA against repeated heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.nn.cache import KVCache
+from aiayn.nn.masks import causal_mask
+from aiayn.nn.multihead import MultiHeadAttention
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_self_attention_equals_torch(backend: str) -> None:
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    ours = MultiHeadAttention(32, 4, backend=backend).eval()
+    ours.load_from_torch(ref)
+    x = torch.randn(2, 6, 32)
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[1, 4:] = False
+    expected, ref_w = ref(
+        x, x, x, key_padding_mask=~keep, attn_mask=~causal_mask(6), average_attn_weights=False
+    )
+    mask = keep[:, None, None, :] & causal_mask(6)
+    got, _ = ours(x, mask=mask)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    got2, w = ours(x, mask=keep[:, None, None, :], is_causal=True, return_weights=True)
+    torch.testing.assert_close(got2, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-5)
+
+
+def test_cross_attention_equals_torch() -> None:
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(32, 8, batch_first=True).eval()
+    ours = MultiHeadAttention(32, 8, cross=True).eval()
+    ours.load_from_torch(ref)
+    x, memory = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
+    keep = torch.rand(3, 7) > 0.3
+    keep[:, 0] = True
+    expected, _ = ref(x, memory, memory, key_padding_mask=~keep)
+    got, _ = ours(x, memory, mask=keep[:, None, None, :])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="memory"):
+        ours(x)
+
+
+@pytest.mark.parametrize("n_kv", [1, 2])
+def test_grouped_query_equals_mha_with_shared_kv_heads(n_kv: int) -> None:
+    torch.manual_seed(0)
+    h, d, c = 4, 8, 32
+    gqa = MultiHeadAttention(c, h, n_kv).eval()
+    mha = MultiHeadAttention(c, h, h).eval()
+    wq, wk, wv = gqa.qkv.weight.split((h * d, n_kv * d, n_kv * d))
+    bq, bk, bv = gqa.qkv.bias.split((h * d, n_kv * d, n_kv * d))
+
+    def rep(w: torch.Tensor) -> torch.Tensor:  # (H_kv*D, ...) -> (H*D, ...): each kv head shared
+        return w.unflatten(0, (n_kv, d)).repeat_interleave(h // n_kv, 0).flatten(0, 1)
+
+    with torch.no_grad():
+        mha.qkv.weight.copy_(torch.cat([wq, rep(wk), rep(wv)]))
+        mha.qkv.bias.copy_(torch.cat([bq, rep(bk), rep(bv)]))
+        mha.out.load_state_dict(gqa.out.state_dict())
+    x = torch.randn(2, 5, c)
+    torch.testing.assert_close(gqa(x, is_causal=True)[0], mha(x, is_causal=True)[0])
+    assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
+
+
+def test_gqa_with_all_kv_heads_is_mha() -> None:
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    ours = MultiHeadAttention(16, 4, n_kv_heads=4).eval()
+    ours.load_from_torch(ref)
+    x = torch.randn(1, 3, 16)
+    torch.testing.assert_close(ours(x)[0], ref(x, x, x)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_cache_appends_and_matches_full() -> None:
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 4, 2).eval()
+    x = torch.randn(2, 6, 16)
+    full, _ = attn(x, is_causal=True)
+    cache = KVCache(2, 2, 8, 4)
+    first, _ = attn(x[:, :4], is_causal=True, cache=cache)
+    steps = [attn(x[:, i : i + 1], is_causal=True, cache=cache)[0] for i in (4, 5)]
+    torch.testing.assert_close(torch.cat([first, *steps], 1), full, atol=1e-6, rtol=1e-5)
+    assert cache.length == 6 and cache.k.shape == (2, 2, 8, 4)
+    with pytest.raises(ValueError, match="capacity of 8"):
+        attn(torch.randn(2, 3, 16), is_causal=True, cache=cache)
+
+
+def test_bad_construction_and_input() -> None:
+    with pytest.raises(ValueError, match="multiple of n_heads"):
+        MultiHeadAttention(30, 4)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        MultiHeadAttention(32, 4, 3)
+    with pytest.raises(ValueError, match=r"\(B, T, d_model\)"):
+        MultiHeadAttention(32, 4)(torch.randn(5, 32))
