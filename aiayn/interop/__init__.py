@@ -1,0 +1,1 @@
+"""Interoperability with other libraries' checkpoints (Hugging Face ``transformers``)."""

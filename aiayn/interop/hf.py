@@ -1,0 +1,279 @@
+"""Weight conversion between :class:`~aiayn.models.decoder.DecoderLM` and Hugging Face
+``transformers`` GPT-2 (``GPT2LMHeadModel``) and Llama (``LlamaForCausalLM``).
+
+Both directions are strict: every parameter on each side is mapped exactly once (shared,
+tied tensors count once; non-parameter buffers such as GPT-2's ``attn.bias`` causal masks or
+Llama's ``rotary_emb.inv_freq`` are not weights), and any HF option aiayn cannot express
+raises ``ValueError`` naming the field.  Converted models give the same logits as the source
+(tests/interop/test_hf.py), which makes HF a reference for correctness and for benchmarks.
+
+Name mapping (per layer ``i``; aiayn <- GPT-2 | Llama):
+
+* embed.token <- transformer.wte | model.embed_tokens
+* embed.positions <- transformer.wpe | (rotary: no weights)
+* blocks.i.norm1 <- h.i.ln_1 | layers.i.input_layernorm
+* blocks.i.self_attn.qkv <- h.i.attn.c_attn (Conv1D, transposed) | cat(q_proj, k_proj, v_proj)
+* blocks.i.self_attn.out <- h.i.attn.c_proj (Conv1D) | layers.i.self_attn.o_proj
+* blocks.i.norm2 <- h.i.ln_2 | layers.i.post_attention_layernorm
+* blocks.i.ffn.w1 / w13 <- h.i.mlp.c_fc (Conv1D) | cat(gate_proj, up_proj)
+* blocks.i.ffn.w2 <- h.i.mlp.c_proj (Conv1D) | layers.i.mlp.down_proj
+* decoder.norm <- transformer.ln_f | model.norm
+* head <- lm_head (tied to wte by default) | lm_head (unless tie_word_embeddings)
+
+``transformers`` is imported lazily: it is a test/benchmark dependency, not a runtime one.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import Activation, ModelConfig
+from aiayn.models.decoder import DecoderLM
+
+# (our parameter, HF parameters concatenated along our dim 0, HF stores it transposed)
+NameMap = list[tuple[str, tuple[str, ...], bool]]
+
+# GPT2Config.activation_function -> ours ("gelu_new" is GPT-2's tanh approximation of GELU)
+_GPT2_ACTIVATIONS: dict[str, Activation] = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+}
+_GPT2_ACTIVATIONS_BACK = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "aiayn.interop.hf needs the optional 'transformers' package"
+            " (pip install transformers); aiayn itself does not depend on it"
+        ) from err
+    return transformers
+
+
+def _check(owner: str, obj: Any, **allowed: tuple[object, ...]) -> None:
+    """Raise ValueError naming the first field of ``obj`` whose value is not in ``allowed``."""
+    for name, ok in allowed.items():
+        value = getattr(obj, name, ok[0])  # absent (older/newer HF) = the representable default
+        if value not in ok:
+            raise ValueError(f"{owner} {name}={value!r} cannot be converted: expected one of {ok}")
+
+
+# ----- configs ------------------------------------------------------------------------------
+
+
+def config_from_gpt2(hf_config: Any) -> ModelConfig:
+    """``GPT2Config`` -> decoder-only, pre-LN, learned positions, GELU, biases, tied head."""
+    c = hf_config
+    _check("GPT2Config", c, activation_function=tuple(_GPT2_ACTIVATIONS))
+    _check("GPT2Config", c, scale_attn_weights=(True,), add_cross_attention=(False,))
+    _check("GPT2Config", c, scale_attn_by_inverse_layer_idx=(False,))
+    return ModelConfig(
+        arch="decoder", vocab_size=c.vocab_size, n_layers=c.n_layer, d_model=c.n_embd,
+        n_heads=c.n_head, d_ff=c.n_inner or 4 * c.n_embd, max_len=c.n_positions,
+        positional="learned", norm="layernorm", norm_position="pre", norm_eps=c.layer_norm_epsilon,
+        activation=_GPT2_ACTIVATIONS[c.activation_function], bias=True,
+        dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop, scale_embeddings=False,
+        tie_embeddings=getattr(c, "tie_word_embeddings", True), pad_id=None,
+        init_std=c.initializer_range,
+    )  # fmt: skip
+
+
+def _llama_rope(c: Any) -> tuple[float, float]:
+    """(rope_base, rope_scaling) from transformers 5.x ``rope_parameters`` or 4.x
+    ``rope_theta`` + ``rope_scaling``.  Only unscaled and linear (position interpolation)."""
+    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(c, "rope_theta", None) or 10000.0)
+    kind = params.get("rope_type", params.get("type", "default"))
+    partial = params.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
+    rope = SimpleNamespace(rope_type=kind, partial_rotary_factor=partial)
+    _check("LlamaConfig.rope_parameters", rope, rope_type=("default", "linear"))
+    _check("LlamaConfig.rope_parameters", rope, partial_rotary_factor=(None, 1.0))
+    return float(theta), float(params["factor"]) if kind == "linear" else 1.0
+
+
+def config_from_llama(hf_config: Any) -> ModelConfig:
+    """``LlamaConfig`` -> RMSNorm, SwiGLU, rotary positions, grouped-query attention, no bias."""
+    c = hf_config
+    _check("LlamaConfig", c, hidden_act=("silu",), attention_bias=(False,), mlp_bias=(False,))
+    rope_base, rope_scaling = _llama_rope(c)
+    head_dim = getattr(c, "head_dim", None)
+    return ModelConfig(
+        arch="decoder", vocab_size=c.vocab_size, n_layers=c.num_hidden_layers,
+        d_model=c.hidden_size, n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
+        d_head=None if head_dim in (None, c.hidden_size // c.num_attention_heads) else head_dim,
+        d_ff=c.intermediate_size, max_len=c.max_position_embeddings,
+        positional="rope", rope_base=rope_base, rope_scaling=rope_scaling,
+        norm="rmsnorm", norm_position="pre", norm_eps=c.rms_norm_eps, activation="swiglu",
+        bias=False, dropout=0.0,
+        attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
+        scale_embeddings=False, tie_embeddings=bool(c.tie_word_embeddings), pad_id=None,
+        init_std=c.initializer_range,
+    )  # fmt: skip
+
+
+def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
+    """ModelConfig -> ``GPT2Config`` (inverse of :func:`config_from_gpt2`)."""
+    c = config
+    want = "ModelConfig (for GPT-2)"
+    _check(want, c, arch=("decoder",), positional=("learned",), norm=("layernorm",))
+    _check(want, c, norm_position=("pre",), activation=tuple(_GPT2_ACTIVATIONS_BACK))
+    _check(want, c, bias=(True,), scale_embeddings=(False,), kv_heads=(c.n_heads,))
+    _check(want, c, head_dim=(c.d_model // c.n_heads,))
+    # GPT-2's default special token 50256 only exists in its own vocabulary.
+    special = {} if c.vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None}
+    return _transformers().GPT2Config(
+        vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model, n_layer=c.n_layers,
+        n_head=c.n_heads, n_inner=c.d_ff, activation_function=_GPT2_ACTIVATIONS_BACK[c.activation],
+        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.attention_dropout,
+        layer_norm_epsilon=c.norm_eps, initializer_range=c.init_std,
+        tie_word_embeddings=c.tie_embeddings, attn_implementation=attn_implementation, **special,
+    )  # fmt: skip
+
+
+def _llama_config(config: ModelConfig, attn_implementation: str | None) -> Any:
+    """ModelConfig -> ``LlamaConfig`` (inverse of :func:`config_from_llama`).  Llama has no
+    embedding/residual dropout, so ``config.dropout`` (training only) is dropped."""
+    c = config
+    want = "ModelConfig (for Llama)"
+    _check(want, c, arch=("decoder",), positional=("rope",), norm=("rmsnorm",))
+    _check(want, c, norm_position=("pre",), activation=("swiglu",))
+    _check(want, c, bias=(False,), scale_embeddings=(False,))
+    scaling = None if c.rope_scaling == 1.0 else {"rope_type": "linear", "factor": c.rope_scaling}
+    return _transformers().LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.kv_heads, head_dim=c.head_dim, hidden_act="silu",
+        max_position_embeddings=c.max_len, rms_norm_eps=c.norm_eps,
+        rope_theta=c.rope_base, rope_scaling=scaling, attention_dropout=c.attention_dropout,
+        initializer_range=c.init_std, tie_word_embeddings=c.tie_embeddings,
+        attn_implementation=attn_implementation,
+    )  # fmt: skip
+
+
+# ----- weights ------------------------------------------------------------------------------
+
+
+def _gpt2_names(config: ModelConfig) -> NameMap:
+    # Conv1D stores y = x W + b with W (in, out): our nn.Linear weight (out, in) is W^T.
+    # c_attn's columns are [q | k | v], so W^T's rows are [W_q; W_k; W_v] -- our qkv layout.
+    names: NameMap = [
+        ("embed.token.weight", ("transformer.wte.weight",), False),
+        ("embed.positions.weight", ("transformer.wpe.weight",), False),
+        ("decoder.norm.weight", ("transformer.ln_f.weight",), False),
+        ("decoder.norm.bias", ("transformer.ln_f.bias",), False),
+    ]
+    for i in range(config.n_layers):
+        ours, hf = f"decoder.blocks.{i}.", f"transformer.h.{i}."
+        for a, b, is_conv in (
+            ("norm1", "ln_1", False),
+            ("self_attn.qkv", "attn.c_attn", True),
+            ("self_attn.out", "attn.c_proj", True),
+            ("norm2", "ln_2", False),
+            ("ffn.w1", "mlp.c_fc", True),
+            ("ffn.w2", "mlp.c_proj", True),
+        ):
+            names.append((f"{ours}{a}.weight", (f"{hf}{b}.weight",), is_conv))
+            names.append((f"{ours}{a}.bias", (f"{hf}{b}.bias",), False))
+    if not config.tie_embeddings:
+        names.append(("head.weight", ("lm_head.weight",), False))
+    return names
+
+
+def _llama_names(config: ModelConfig) -> NameMap:
+    names: NameMap = [
+        ("embed.token.weight", ("model.embed_tokens.weight",), False),
+        ("decoder.norm.weight", ("model.norm.weight",), False),
+    ]
+    for i in range(config.n_layers):
+        ours, hf = f"decoder.blocks.{i}.", f"model.layers.{i}."
+        attn, mlp = f"{hf}self_attn.", f"{hf}mlp."
+        names += [
+            (f"{ours}norm1.weight", (f"{hf}input_layernorm.weight",), False),
+            # (H D + 2 H_kv D, C) = [q_proj (H D, C); k_proj (H_kv D, C); v_proj (H_kv D, C)]
+            (f"{ours}self_attn.qkv.weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), False),
+            (f"{ours}self_attn.out.weight", (f"{attn}o_proj.weight",), False),
+            (f"{ours}norm2.weight", (f"{hf}post_attention_layernorm.weight",), False),
+            # (2 F, C) = [gate_proj (F, C) = W1; up_proj (F, C) = W3]
+            (f"{ours}ffn.w13.weight", (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"), False),
+            (f"{ours}ffn.w2.weight", (f"{mlp}down_proj.weight",), False),
+        ]
+    if not config.tie_embeddings:
+        names.append(("head.weight", ("lm_head.weight",), False))
+    return names
+
+
+def _assign(dst: Tensor, src: Tensor, name: str) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"weight {name}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+@torch.no_grad()
+def _copy(ours: nn.Module, hf: nn.Module, names: NameMap, *, to_hf: bool, family: str) -> None:
+    """Copy every mapped weight (HF -> ours, or ours -> HF if ``to_hf``); strict both sides."""
+    mine, theirs = dict(ours.named_parameters()), dict(hf.named_parameters())  # tied: once
+    for side, params, mapped in (
+        ("aiayn", mine, {o for o, _, _ in names}),
+        (family, theirs, {h for _, hs, _ in names for h in hs}),
+    ):
+        if set(params) != mapped:
+            raise ValueError(
+                f"{family} conversion: {side} weights left unmapped {sorted(set(params) - mapped)},"
+                f" expected but absent {sorted(mapped - set(params))}"
+            )
+    for o, hs, transposed in names:
+        parts = [theirs[h].t() if transposed else theirs[h] for h in hs]  # each in our layout
+        if to_hf:
+            chunks = mine[o].split([p.shape[0] for p in parts], dim=0)
+            for h, chunk in zip(hs, chunks, strict=True):
+                _assign(theirs[h], chunk.t() if transposed else chunk, h)
+        else:
+            _assign(mine[o], torch.cat(parts, dim=0), o)
+
+
+def _from_hf(hf_model: nn.Module, config: ModelConfig, names: NameMap, family: str) -> DecoderLM:
+    model = DecoderLM(config)
+    _copy(model, hf_model, names, to_hf=False, family=family)
+    ref = next(hf_model.parameters())
+    return model.to(device=ref.device, dtype=ref.dtype).train(hf_model.training)
+
+
+def _to_hf(model: DecoderLM, hf_model: nn.Module, names: NameMap, family: str) -> Any:
+    _copy(model, hf_model, names, to_hf=True, family=family)
+    ref = model.head.weight
+    return hf_model.to(device=ref.device, dtype=ref.dtype).train(model.training)
+
+
+def from_hf_gpt2(hf_model: Any) -> DecoderLM:
+    """A ``GPT2LMHeadModel`` as a :class:`DecoderLM` with identical weights."""
+    config = config_from_gpt2(hf_model.config)
+    return _from_hf(hf_model, config, _gpt2_names(config), "GPT-2")
+
+
+def from_hf_llama(hf_model: Any) -> DecoderLM:
+    """A ``LlamaForCausalLM`` as a :class:`DecoderLM` with identical weights."""
+    config = config_from_llama(hf_model.config)
+    return _from_hf(hf_model, config, _llama_names(config), "Llama")
+
+
+def to_hf_gpt2(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``GPT2LMHeadModel`` with ``model``'s weights (its config must be GPT-2 shaped)."""
+    hf_config = _gpt2_config(model.config, attn_implementation)
+    hf_model = _transformers().GPT2LMHeadModel(hf_config)
+    return _to_hf(model, hf_model, _gpt2_names(model.config), "GPT-2")
+
+
+def to_hf_llama(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``LlamaForCausalLM`` with ``model``'s weights (its config must be Llama shaped)."""
+    hf_config = _llama_config(model.config, attn_implementation)
+    hf_model = _transformers().LlamaForCausalLM(hf_config)
+    return _to_hf(model, hf_model, _llama_names(model.config), "Llama")
