@@ -47,6 +47,12 @@ def commit_dir(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
+def write_model(model: TransformerModel, folder: Path) -> None:
+    """Write config.json and model.safetensors into an existing (temporary) folder."""
+    (folder / CONFIG_FILE).write_text(model.config.to_json())
+    save_model(model, str(folder / WEIGHTS_FILE), metadata={"format": "pt", "library": "aiayn"})
+
+
 def save(model: TransformerModel, directory: str | os.PathLike[str]) -> Path:
     """Write ``model`` to ``directory`` (config.json + model.safetensors), atomically."""
     target = Path(directory)
@@ -54,8 +60,7 @@ def save(model: TransformerModel, directory: str | os.PathLike[str]) -> Path:
         raise ValueError(f"cannot save a model to {target}: it exists and is not a folder")
     tmp = atomic_dir(target)
     try:
-        (tmp / CONFIG_FILE).write_text(model.config.to_json())
-        save_model(model, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "library": "aiayn"})
+        write_model(model, tmp)
         commit_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -109,6 +110,93 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from aiayn.train.config import load_run_config
+    from aiayn.train.lm import train_lm
+
+    run = load_run_config(args.config, _overrides(args.set))
+    if run.model.arch != "decoder":
+        raise ValueError(
+            f"aiayn train runs decoder-only configs for now, got arch={run.model.arch!r}"
+        )
+    result = train_lm(run, args.out, data_dir(args.data), resume=args.resume)
+    print(f"validation loss {result['val_loss']:.4f} nats/token; checkpoint {result['checkpoint']}")
+    return 0
+
+
+def _load_lm(path: str) -> tuple[object, object]:
+    from aiayn.models import DecoderLM
+    from aiayn.train.state import load_checkpoint
+
+    model, tokenizer, _, _ = load_checkpoint(Path(path))
+    if not isinstance(model, DecoderLM):
+        raise ValueError(
+            f"{path} holds a {type(model).__name__}, not a decoder-only language model"
+        )
+    return model.eval(), tokenizer
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from aiayn.generate import SamplingConfig, generate
+
+    model, tokenizer = _load_lm(args.checkpoint)
+    sampling = SamplingConfig(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+    )
+    prompt_ids = tokenizer.encode(args.prompt)  # type: ignore[attr-defined]
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: give at least one character")
+    sys.stdout.write(args.prompt)
+    text: list[int] = []
+
+    def show(token: torch.Tensor) -> None:
+        text.append(int(token[0]))
+        sys.stdout.write(tokenizer.decode([text[-1]]))  # type: ignore[attr-defined]
+        sys.stdout.flush()
+
+    out = generate(
+        model,  # type: ignore[arg-type]
+        [prompt_ids],
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        seed=args.seed,
+        stop=args.stop or (),
+        decode=tokenizer.decode,  # type: ignore[attr-defined]
+        truncate=args.truncate,
+        on_token=show,
+    )
+    del out
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import math
+
+    from aiayn.data.lm_data import TokenStream
+    from aiayn.train.lm import evaluate_lm
+    from aiayn.train.state import load_checkpoint
+
+    model, tokenizer, run, _ = load_checkpoint(Path(args.checkpoint))
+    data = run.get("data", {})
+    text = args.text or data.get("text")
+    if not text:
+        raise ValueError("no text to evaluate on: pass --text FILE")
+    path = Path(text) if Path(text).is_file() else data_dir(args.data) / text
+    stream = TokenStream.from_file(path, tokenizer, train_fraction=data.get("train_fraction", 0.9))
+    block = args.block or model.config.max_len
+    loss = evaluate_lm(model, stream, batches=args.batches, batch_size=args.batch_size, block=block)  # type: ignore[arg-type]
+    chars_per_token = 1.0 if getattr(tokenizer, "kind", "") == "char" else float("nan")
+    print(f"validation loss    {loss:.4f} nats/token")
+    print(f"perplexity         {math.exp(loss):.3f}")
+    if chars_per_token == 1.0:
+        print(f"bits per character {loss / math.log(2):.4f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiayn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +216,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="train a model from a TOML config (see configs/)")
+    p.add_argument("config")
+    p.add_argument("--out", default="runs/default", help="run folder: checkpoint/ and log.csv")
+    p.add_argument(
+        "--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="e.g. train.max_steps=100"
+    )
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("generate", help="continue a prompt with a language model, streaming")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="stop once this text appears (repeatable)")
+    p.add_argument("--truncate", action="store_true", help="keep the end of an over-long prompt")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("evaluate", help="validation loss, perplexity and bits per character")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", default=None)
+    p.add_argument("--text", default=None, help="text file (default: the one the model trained on)")
+    p.add_argument("--batches", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=12)
+    p.add_argument("--block", type=int, default=None)
+    p.set_defaults(func=cmd_evaluate)
     return parser
 
 

@@ -26,8 +26,8 @@ def data_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     return path
 
 
-def read_lines(path: str | os.PathLike[str]) -> list[str]:
-    """All lines of a UTF-8 text file (``.gz`` is decompressed), without line endings.
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A whole UTF-8 text file (``.gz`` is decompressed).
 
     Raises ValueError naming the file for a missing, empty, or non-UTF-8 file (with the line
     number of the first bad byte sequence).
@@ -42,10 +42,15 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     except (OSError, EOFError) as err:
         raise ValueError(f"cannot read {p}: {err}") from err
     try:
-        lines = raw.decode("utf-8").splitlines()
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         raise ValueError(f"{p}, line {line}: not valid UTF-8 text ({err.reason})") from None
-    if not lines:
+    if not text.strip():
         raise ValueError(f"text file {p} is empty")
-    return lines
+    return text
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[str]:
+    """All lines of a text file (see :func:`read_text`), without line endings."""
+    return read_text(path).splitlines()

@@ -1,0 +1,91 @@
+"""Character-level tokenizer: one id per distinct character of the training text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class CharTokenizer:
+    kind = "char"
+
+    def __init__(self, chars: list[str]) -> None:
+        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise ValueError("CharTokenizer needs distinct single characters")
+        self.chars = chars
+        self.index = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        if not text:
+            raise ValueError("cannot build a character vocabulary from empty text")
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.index[c] for c in text]
+        except KeyError as err:
+            raise ValueError(
+                f"character {err.args[0]!r} is not in the tokenizer's vocabulary of {self.vocab_size}"
+            ) from None
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"kind": "char", "chars": self.chars}, ensure_ascii=False))
+
+
+class BPETokenizer:
+    """A byte-level BPE tokenizer (HF ``tokenizers``) behind the same small interface."""
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer: object) -> None:
+        from tokenizers import Tokenizer
+
+        assert isinstance(tokenizer, Tokenizer)
+        self.tok = tokenizer
+
+    @classmethod
+    def from_text(cls, text: str, vocab_size: int) -> BPETokenizer:
+        from aiayn.data.bpe import train_bpe
+
+        return cls(train_bpe(text.splitlines(keepends=True), vocab_size=vocab_size))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tok.get_vocab_size())
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=False))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(
+            json.dumps({"kind": "bpe", "tokenizer": json.loads(self.tok.to_str())})
+        )
+
+
+Tokenizer = CharTokenizer | BPETokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a tokenizer saved by :meth:`CharTokenizer.save` or :meth:`BPETokenizer.save`."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if data["kind"] == "char":
+            return CharTokenizer(list(data["chars"]))
+        if data["kind"] == "bpe":
+            from tokenizers import Tokenizer as HFTokenizer
+
+            return BPETokenizer(HFTokenizer.from_str(json.dumps(data["tokenizer"])))
+    except (OSError, KeyError, TypeError, json.JSONDecodeError, Exception) as err:
+        raise ValueError(f"cannot load tokenizer {path}: {err}") from err
+    raise ValueError(f"cannot load tokenizer {path}: unknown kind {data.get('kind')!r}")

@@ -1,0 +1,46 @@
+"""Language-model data: one long token stream, split by position, sampled as random windows.
+
+As in nanoGPT: the first ``train_fraction`` of the text trains, the rest validates; a batch
+is B windows of T+1 consecutive tokens starting at random offsets, input = window[:-1],
+target = window[1:].  The offsets come from a ``torch.Generator`` owned by the stream, whose
+state is saved in checkpoints, so a resumed run sees the same batches.
+
+Shapes: B batch, T block (context) length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from aiayn.data.char import Tokenizer
+from aiayn.data.files import read_text
+
+
+class TokenStream:
+    def __init__(self, tokens: Tensor, *, train_fraction: float = 0.9, seed: int = 0) -> None:
+        if not 0.0 < train_fraction < 1.0:
+            raise ValueError(f"train_fraction={train_fraction} must be in (0, 1)")
+        n = int(len(tokens) * train_fraction)
+        self.splits = {"train": tokens[:n], "val": tokens[n:]}
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @classmethod
+    def from_file(cls, path: str | Path, tokenizer: Tokenizer, **kw: float | int) -> TokenStream:
+        text = read_text(path)
+        return cls(torch.tensor(tokenizer.encode(text), dtype=torch.long), **kw)  # type: ignore[arg-type]
+
+    def batch(
+        self, split: str, batch_size: int, block: int, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(B, T) inputs and (B, T) next-token targets from random offsets in ``split``."""
+        data = self.splits[split]
+        if len(data) <= block + 1:
+            raise ValueError(f"the {split} split has {len(data)} tokens; block={block} needs more")
+        g = self.generator if generator is None else generator
+        starts = torch.randint(len(data) - block - 1, (batch_size,), generator=g)  # (B,)
+        offsets = starts[:, None] + torch.arange(block + 1)  # (B, T+1)
+        window = data[offsets]
+        return window[:, :-1], window[:, 1:]

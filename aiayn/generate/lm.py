@@ -1,0 +1,150 @@
+"""Autoregressive generation from a decoder-only model, with a preallocated KV cache.
+
+Prompts of different lengths are left-padded into one batch; the model's attention mask hides
+the padding and its positions count real tokens only, so each prompt is continued exactly as
+it would be alone.  The prompt is run once ("prefill"), then each step feeds one token per
+sequence and appends its keys and values to the cache, so a step costs the attention over the
+cached tokens plus a fixed amount of work -- never a re-run of the prefix.
+
+Shapes: B batch, P padded prompt length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from aiayn.generate.sampling import SamplingConfig, choose_next
+from aiayn.models.decoder import DecoderLM
+
+DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
+
+
+def _prepare(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, max_len: int, truncate: bool
+) -> list[list[int]]:
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if max_new_tokens >= max_len:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt in max_len={max_len}"
+        )
+    room = max_len - max_new_tokens
+    out = []
+    for i, prompt in enumerate(prompts):
+        prompt = list(prompt)
+        if not prompt:
+            raise ValueError(
+                f"prompt {i} is empty: give at least one token (e.g. a BOS or newline)"
+            )
+        if len(prompt) > room:
+            if not truncate:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens}"
+                    f" the model's max_len={max_len} allows at most {room}"
+                    " (pass truncate=True to keep only the last tokens)"
+                )
+            prompt = prompt[-room:]
+        out.append(prompt)
+    return out
+
+
+@torch.no_grad()
+def stream(
+    model: DecoderLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = DEFAULT_SAMPLING,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    truncate: bool = False,
+) -> Iterator[Tensor]:
+    """Yield (B,) next tokens, one step at a time.  Stops early once all have emitted ``eos_id``."""
+    cfg = model.config
+    rows = _prepare(prompts, max_new_tokens, cfg.max_len, truncate)
+    device = model.head.weight.device
+    b, p = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros(b, p, dtype=torch.long, device=device)
+    real = torch.zeros(b, p, dtype=torch.bool, device=device)
+    for i, r in enumerate(rows):  # left padding
+        ids[i, p - len(r) :] = torch.tensor(r, device=device)
+        real[i, p - len(r) :] = True
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    seen = None
+    if sampling.repetition_penalty != 1.0:
+        seen = torch.zeros(b, cfg.vocab_size, dtype=torch.bool, device=device)
+        seen.scatter_(1, ids, real)
+    cache = model.new_cache(b, p + max_new_tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        mask = None if bool(real.all()) else real
+        logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
+        finished = torch.zeros(b, dtype=torch.bool, device=device)
+        for step in range(max_new_tokens):
+            nxt = choose_next(logits, sampling, seen=seen, generator=generator)  # (B,)
+            if eos_id is not None:
+                nxt = nxt.masked_fill(finished, eos_id)
+                finished |= nxt == eos_id
+            yield nxt
+            if (eos_id is not None and bool(finished.all())) or step == max_new_tokens - 1:
+                break
+            if seen is not None:
+                seen.scatter_(1, nxt[:, None], True)
+            logits = model(nxt[:, None], cache=cache)[:, -1]
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model: DecoderLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = DEFAULT_SAMPLING,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    stop: Sequence[str] = (),
+    decode: Callable[[list[int]], str] | None = None,
+    truncate: bool = False,
+    on_token: Callable[[Tensor], None] | None = None,
+) -> list[list[int]]:
+    """New tokens for each prompt (prompt not included).
+
+    Generation of a sequence ends at ``eos_id`` (kept) or when its decoded text contains one of
+    the ``stop`` strings (the tokens up to and including the one completing it are kept; the
+    caller trims the text), or after ``max_new_tokens``.
+    """
+    if stop and decode is None:
+        raise ValueError("stop strings need decode= (a function from token ids to text)")
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for nxt in stream(
+        model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        seed=seed,
+        eos_id=eos_id,
+        truncate=truncate,
+    ):
+        if on_token is not None:
+            on_token(nxt)
+        for i, token in enumerate(nxt.tolist()):
+            if done[i]:
+                continue
+            out[i].append(token)
+            if (eos_id is not None and token == eos_id) or (
+                stop and decode is not None and any(s in decode(out[i][-64:]) for s in stop)
+            ):
+                done[i] = True
+        if all(done):
+            break
+    return out

@@ -1,0 +1,94 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty.
+
+Each transformation is a small pure function on (B, V) logits, applied in this order:
+
+1. repetition penalty (Keskar et al., 2019, CTRL): tokens already in the sequence have their
+   logit divided by ``penalty`` if positive, multiplied if negative;
+2. temperature: logits / T (T -> 0 is greedy, T = 1 the model's own distribution);
+3. top-k (Fan et al., 2018): keep the k most likely tokens;
+4. top-p, nucleus (Holtzman et al., 2020): keep the smallest set of most likely tokens whose
+   probability mass reaches p.
+
+Shapes: B batch, V vocabulary, S tokens so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """``temperature=0`` means greedy decoding; the filters then make no difference."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k={self.top_k} must be a positive integer or None")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1] or None")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty} must be > 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """(B, V) logits; ``seen`` (B, V) bool marks tokens present so far."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep the k largest logits of each row (and ties with the k-th); the rest become -inf."""
+    if k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose total probability is >= p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
+    drop_sorted = mass_before >= p  # once p is reached, the rest are dropped
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def choose_next(
+    logits: Tensor,
+    config: SamplingConfig,
+    *,
+    seen: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """(B, V) logits -> (B,) next token ids."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if config.greedy:
+        return logits.argmax(-1)
+    logits = logits / config.temperature
+    if config.top_k is not None:
+        logits = top_k_filter(logits, config.top_k)
+    if config.top_p is not None:
+        logits = top_p_filter(logits, config.top_p)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

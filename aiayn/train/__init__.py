@@ -1,0 +1,1 @@
+"""Training: schedules, optimizers, resumable checkpoints, the loop."""

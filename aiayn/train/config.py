@@ -1,0 +1,122 @@
+"""Training configuration, read from a TOML file with three tables::
+
+[model]   preset = "gpt2-small" and any ModelConfig fields to override
+[data]    text = "tinyshakespeare/input.txt" (relative to the data folder), tokenizer, ...
+[train]   the TrainConfig fields below
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from aiayn.config import ModelConfig
+from aiayn.models import resolve_config
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = 2000
+    batch_size: int = 12
+    block_size: int = 64
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float | None = 1.0
+    eval_interval: int = 250
+    eval_batches: int = 20
+    checkpoint_interval: int = 500
+    seed: int = 1337
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    compile: bool = False
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_steps",
+            "batch_size",
+            "block_size",
+            "grad_accum",
+            "eval_interval",
+            "eval_batches",
+            "checkpoint_interval",
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(
+                    f"TrainConfig.{name}={v!r} is invalid: expected a positive integer"
+                )
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(
+                f"TrainConfig lr={self.lr}, min_lr={self.min_lr}: expected 0 <= min_lr <= lr, lr > 0"
+            )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"TrainConfig.dtype={self.dtype!r} is invalid: expected 'float32' or 'bfloat16'"
+            )
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"TrainConfig.grad_clip={self.grad_clip} must be > 0 or absent")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    text: str = "tinyshakespeare/input.txt"
+    tokenizer: Literal["char", "bpe"] = "char"
+    bpe_vocab_size: int = 4096
+    train_fraction: float = 0.9
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.to_dict(),
+            "data": dataclasses.asdict(self.data),
+            "train": dataclasses.asdict(self.train),
+        }
+
+
+def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in [{where}]; expected some of {sorted(names)}")
+    return cls(**table)
+
+
+def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a TOML run config; ``overrides`` like ``{"train.max_steps": 10}`` replace values."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config file {p} does not exist")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"config file {p} is not valid TOML: {err}") from err
+    unknown = sorted(set(raw) - {"model", "data", "train"})
+    if unknown:
+        raise ValueError(f"unknown table(s) {unknown} in {p}; expected [model], [data], [train]")
+    for key, value in (overrides or {}).items():
+        table, _, name = key.partition(".")
+        if table not in ("model", "data", "train") or not name:
+            raise ValueError(f"override {key!r} must look like model.NAME, data.NAME or train.NAME")
+        raw.setdefault(table, {})[name] = value
+    model_table = dict(raw.get("model", {}))
+    preset = model_table.pop("preset", None)
+    model = resolve_config(preset if preset is not None else ModelConfig(), **model_table)
+    return RunConfig(
+        model,
+        _build(DataConfig, raw.get("data", {}), "data"),
+        _build(TrainConfig, raw.get("train", {}), "train"),
+    )

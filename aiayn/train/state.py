@@ -1,0 +1,93 @@
+"""Resumable training checkpoints: a typed record, written atomically.
+
+A checkpoint folder holds everything needed to continue a run exactly where it stopped::
+
+    config.json, model.safetensors   the model (see aiayn/checkpoint.py)
+    tokenizer.json                   the tokenizer the ids mean something in
+    run.json                         the run's model/data/train configuration
+    train_state.pt                   step, optimizer moments, RNG states, data position
+
+``train_state.pt`` holds only tensors, numbers and strings, and is read with
+``torch.load(weights_only=True)``: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.checkpoint import atomic_dir, commit_dir, load, write_model
+from aiayn.data.char import Tokenizer, load_tokenizer
+from aiayn.models import TransformerModel
+
+STATE_FILE = "train_state.pt"
+TOKENIZER_FILE = "tokenizer.json"
+RUN_FILE = "run.json"
+
+
+@dataclass
+class TrainState:
+    step: int
+    optimizer: dict[str, Any]
+    torch_rng: torch.Tensor
+    data_rng: torch.Tensor
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def save_checkpoint(
+    directory: Path,
+    model: TransformerModel,
+    tokenizer: Tokenizer,
+    run: dict[str, Any],
+    state: TrainState,
+) -> Path:
+    tmp = atomic_dir(directory)
+    try:
+        write_model(model, tmp)
+        tokenizer.save(tmp / TOKENIZER_FILE)
+        (tmp / RUN_FILE).write_text(json.dumps(run, indent=2))
+        torch.save(
+            {
+                "step": state.step,
+                "optimizer": state.optimizer,
+                "torch_rng": state.torch_rng,
+                "data_rng": state.data_rng,
+                "history": state.history,
+            },
+            tmp / STATE_FILE,
+        )
+        commit_dir(tmp, directory)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def load_checkpoint(
+    directory: Path,
+) -> tuple[TransformerModel, Tokenizer, dict[str, Any], TrainState | None]:
+    """Model, tokenizer, run config and (if present) the training state."""
+    model = load(directory)
+    tok_path = Path(directory) / TOKENIZER_FILE
+    if not tok_path.is_file():
+        raise ValueError(f"checkpoint {directory} has no {TOKENIZER_FILE}")
+    tokenizer = load_tokenizer(tok_path)
+    run_path = Path(directory) / RUN_FILE
+    run = json.loads(run_path.read_text()) if run_path.is_file() else {}
+    state = None
+    state_path = Path(directory) / STATE_FILE
+    if state_path.is_file():
+        try:
+            raw = torch.load(state_path, weights_only=True)
+            state = TrainState(
+                raw["step"], raw["optimizer"], raw["torch_rng"], raw["data_rng"], raw["history"]
+            )
+        except Exception as err:
+            raise ValueError(f"corrupt training state {state_path}: {err}") from err
+    return model, tokenizer, run, state

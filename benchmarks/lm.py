@@ -1,0 +1,204 @@
+"""Decoder-only LM speed, side by side with peers in one run (fp32, CPU or GPU).
+
+    python benchmarks/lm.py [--threads 2] [--quick] [--json benchmarks/results/lm.json]
+
+1. fp32 matmul rate of this machine (the MFU denominator) and memory read bandwidth.
+2. Training: ms per iteration (forward, backward, AdamW) and model-FLOPs utilisation for
+   nanoGPT's CPU Shakespeare shape and a 6-layer, 384-wide model, against HF GPT2LMHeadModel
+   (SDPA) and x-transformers with the same shape, batch and threads.
+3. Generation: tokens/s for 256 new tokens after a 32-token prompt, batch 1 and 8, against HF
+   ``generate`` with its cache, using identical weights; time per token at the start and end.
+
+MFU uses the PaLM count: 6·N + 12·L·T·d FLOPs per token for training (N = parameters in the
+matrices, output projection included), 2·N + 4·L·S·d per generated token.
+Peers are optional: a missing package is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import aiayn
+from aiayn.generate import SamplingConfig, generate
+from aiayn.interop.hf import to_hf_gpt2
+
+SHAPES = {
+    "nanogpt-cpu": dict(n_layers=4, n_heads=4, d_model=128, block=64, batch=12, vocab=65),
+    "6L-384": dict(n_layers=6, n_heads=6, d_model=384, block=256, batch=8, vocab=65),
+}
+
+
+def median_time(fn: Any, repeat: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_rate() -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    return 2 * 2048**3 / median_time(lambda: a @ b, 5) / 1e9  # GFLOP/s
+
+
+def read_bandwidth() -> float:
+    x = torch.randn(256 * 1024 * 1024 // 4)  # 256 MiB
+    return x.numel() * 4 / median_time(lambda: x.sum(), 5) / 1e9  # GB/s
+
+
+def train_flops(s: dict[str, int]) -> float:
+    d, layers, t, v = s["d_model"], s["n_layers"], s["block"], s["vocab"]
+    n = layers * 12 * d * d + v * d
+    return s["batch"] * t * (6 * n + 12 * layers * t * d)
+
+
+def ours(s: dict[str, int]) -> torch.nn.Module:
+    return aiayn.build_model(
+        "gpt2-small", n_layers=s["n_layers"], n_heads=s["n_heads"], d_model=s["d_model"], d_ff=4 * s["d_model"],
+        vocab_size=s["vocab"], max_len=max(s["block"], 320), dropout=0.0, activation="gelu",
+    )  # fmt: skip
+
+
+def hf_gpt2(s: dict[str, int]) -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        n_layer=s["n_layers"], n_head=s["n_heads"], n_embd=s["d_model"], vocab_size=s["vocab"], n_positions=max(s["block"], 320),
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu",
+    )  # fmt: skip
+    return GPT2LMHeadModel(cfg, attn_implementation="sdpa")
+
+
+def x_transformers(s: dict[str, int]) -> torch.nn.Module:
+    from x_transformers import Decoder, TransformerWrapper
+
+    return TransformerWrapper(
+        num_tokens=s["vocab"], max_seq_len=s["block"], attn_layers=Decoder(dim=s["d_model"], depth=s["n_layers"], heads=s["n_heads"]),
+        tie_embedding=True,
+    )  # fmt: skip
+
+
+def bench_train(name: str, build: Any, s: dict[str, int], repeat: int) -> float:
+    torch.manual_seed(0)
+    model = build(s).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    x = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
+    y = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
+
+    def step() -> None:
+        out = model(x)
+        logits = out.logits if hasattr(out, "logits") else out
+        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return median_time(step, repeat)
+
+
+def bench_generate(
+    model: Any, batch: int, prompt_len: int, new: int, hf: bool
+) -> tuple[float, float, float]:
+    torch.manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (batch, prompt_len))
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    if hf:
+        with torch.no_grad():
+            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, use_cache=True, pad_token_id=0)  # fmt: skip
+    else:
+        generate(model, prompt.tolist(), max_new_tokens=new, sampling=SamplingConfig(temperature=0),
+                 on_token=lambda _: stamps.append(time.perf_counter()))  # fmt: skip
+    total = time.perf_counter() - t0
+    first = last = float("nan")
+    if len(stamps) > 40:
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        first, last = statistics.median(gaps[1:21]), statistics.median(gaps[-20:])
+    return batch * new / total, first, last
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    ap.add_argument("--json", default="benchmarks/results/lm.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    repeat = 3 if args.quick else 10
+    results: dict[str, Any] = {"threads": args.threads, "torch": torch.__version__}
+    rate = matmul_rate()
+    bw = read_bandwidth()
+    results["matmul_gflops"], results["read_gb_s"] = rate, bw
+    print(f"fp32 matmul {rate:.0f} GFLOP/s, memory read {bw:.1f} GB/s, {args.threads} threads\n")
+
+    peers = {"aiayn": ours, "hf-gpt2-sdpa": hf_gpt2, "x-transformers": x_transformers}
+    print(f"{'training':<14}{'model':<16}{'ms/iter':>9}{'MFU':>8}{'vs aiayn':>10}")
+    results["train"] = {}
+    for shape, s in SHAPES.items():
+        row: dict[str, Any] = {}
+        for name, build in peers.items():
+            try:
+                sec = bench_train(name, build, s, repeat)
+            except ImportError as err:
+                print(f"{shape:<14}{name:<16} skipped: {err}")
+                continue
+            mfu = train_flops(s) / sec / (rate * 1e9)
+            row[name] = {"ms_per_iter": sec * 1e3, "mfu": mfu}
+        for name, r in row.items():
+            ratio = r["ms_per_iter"] / row["aiayn"]["ms_per_iter"]
+            print(f"{shape:<14}{name:<16}{r['ms_per_iter']:>9.1f}{r['mfu']:>8.1%}{ratio:>9.2f}x")
+        results["train"][shape] = row
+
+    print(
+        f"\n{'generation':<14}{'batch':>6}{'aiayn tok/s':>13}{'HF tok/s':>10}{'ratio':>7}{'ms/tok start':>14}{'end':>7}"
+    )
+    results["generate"] = {}
+    gen_shapes = {
+        "6L-384": dict(SHAPES["6L-384"], vocab=65),
+        "gpt2-small-shape": dict(
+            n_layers=12, n_heads=12, d_model=768, block=320, batch=1, vocab=50257
+        ),
+    }
+    for shape, s in gen_shapes.items():
+        torch.manual_seed(0)
+        model = ours(s).eval()
+        hf = to_hf_gpt2(model, attn_implementation="sdpa").eval()
+        weight_bytes = sum(p.numel() * 4 for p in model.parameters())
+        bound = bw * 1e9 / weight_bytes  # tokens/s if every weight is read once per step
+        for batch in (1, 8):
+            ours_tps, first, last = bench_generate(model, batch, 32, 256, hf=False)
+            hf_tps, _, _ = bench_generate(hf, batch, 32, 256, hf=True)
+            print(
+                f"{shape:<14}{batch:>6}{ours_tps:>13.0f}{hf_tps:>10.0f}{ours_tps / hf_tps:>6.2f}x{first * 1e3:>14.2f}{last * 1e3:>7.2f}"
+            )
+            results["generate"][f"{shape}/b{batch}"] = {
+                "aiayn_tok_s": ours_tps, "hf_tok_s": hf_tps, "ratio": ours_tps / hf_tps,
+                "ms_per_token_start": first * 1e3, "ms_per_token_end": last * 1e3,
+                "bandwidth_bound_tok_s": bound * batch, "fraction_of_bound": ours_tps / (bound * batch),
+            }  # fmt: skip
+        print(f"{'':<14}weights {weight_bytes / 1e6:.0f} MB; bandwidth bound {bound:.0f} steps/s")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

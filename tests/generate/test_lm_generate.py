@@ -1,0 +1,141 @@
+"""Generation: cached = uncached, batched = one at a time, the samplers, seeds, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.generate import SamplingConfig, generate
+from aiayn.generate.sampling import (
+    apply_repetition_penalty,
+    choose_next,
+    top_k_filter,
+    top_p_filter,
+)
+from aiayn.models import DecoderLM
+
+
+def small(preset: str = "gpt2-small", **kw: object) -> DecoderLM:
+    torch.manual_seed(0)
+    model = aiayn.build_model(
+        preset, n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=40, max_len=48, dropout=0.0,
+        init_std=0.2, **kw,
+    )  # fmt: skip
+    assert isinstance(model, DecoderLM)
+    return model.eval()
+
+
+def naive_greedy(
+    model: DecoderLM, prompt: list[int], n: int
+) -> tuple[list[int], list[torch.Tensor]]:
+    """Re-run the whole sequence for every token: no cache."""
+    ids, logits = list(prompt), []
+    for _ in range(n):
+        step = model(torch.tensor([ids]))[0, -1]
+        logits.append(step)
+        ids.append(int(step.argmax()))
+    return ids[len(prompt) :], logits
+
+
+@pytest.mark.parametrize("preset", ["gpt2-small", "llama-style-small"])
+def test_cached_equals_uncached_token_and_logit(preset: str) -> None:
+    model = small(preset)
+    prompt = [3, 14, 15, 9, 2]
+    expected, expected_logits = naive_greedy(model, prompt, 20)
+    assert generate(model, [prompt], max_new_tokens=20, sampling=SamplingConfig(temperature=0)) == [
+        expected
+    ]
+    cache = model.new_cache(1, 30)
+    step = model(torch.tensor([prompt]), cache=cache)[0, -1]
+    for i, token in enumerate(expected):
+        torch.testing.assert_close(step, expected_logits[i], atol=1e-5, rtol=1e-5)
+        step = model(torch.tensor([[token]]), cache=cache)[0, -1]
+
+
+@pytest.mark.parametrize("preset", ["gpt2-small", "llama-style-small"])
+def test_left_padded_batch_equals_one_at_a_time(preset: str) -> None:
+    model = small(preset)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [1], [20, 21, 22]]
+    greedy = SamplingConfig(temperature=0)
+    batched = generate(model, prompts, max_new_tokens=12, sampling=greedy)
+    assert batched == [generate(model, [p], max_new_tokens=12, sampling=greedy)[0] for p in prompts]
+
+
+def test_top_k_one_is_greedy() -> None:
+    model = small()
+    prompts = [[1, 2, 3], [4]]
+    greedy = generate(model, prompts, max_new_tokens=10, sampling=SamplingConfig(temperature=0))
+    top1 = generate(model, prompts, max_new_tokens=10, sampling=SamplingConfig(top_k=1), seed=3)
+    assert top1 == greedy
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = lambda p: (top_p_filter(logits, p) > float("-inf")).int().tolist()[0]  # noqa: E731
+    assert kept(0.5) == [1, 0, 0, 0]
+    assert kept(0.79) == [1, 1, 0, 0]
+    assert kept(0.81) == [1, 1, 1, 0]
+    assert kept(0.96) == [1, 1, 1, 1]
+    shuffled = logits[:, [2, 0, 3, 1]]  # order in the vocabulary does not matter
+    assert (top_p_filter(shuffled, 0.79) > float("-inf")).int().tolist()[0] == [0, 1, 0, 1]
+
+
+def test_top_k_and_repetition_penalty() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0]])
+    assert (top_k_filter(logits, 2) > float("-inf")).int().tolist()[0] == [0, 1, 1, 0]
+    seen = torch.tensor([[False, True, False, True]])
+    assert apply_repetition_penalty(logits, seen, 2.0).tolist()[0] == [1.0, 1.5, 2.0, -2.0]
+    assert choose_next(logits, SamplingConfig(temperature=0), seen=seen).item() == 1
+    assert (
+        choose_next(logits, SamplingConfig(temperature=0, repetition_penalty=2.0), seen=seen).item()
+        == 2
+    )
+
+
+def test_same_seed_same_sample() -> None:
+    model = small()
+    kw = dict(max_new_tokens=15, sampling=SamplingConfig(temperature=1.0, top_p=0.9))
+    a = generate(model, [[1, 2]], seed=7, **kw)  # type: ignore[arg-type]
+    assert a == generate(model, [[1, 2]], seed=7, **kw)  # type: ignore[arg-type]
+    assert a != generate(model, [[1, 2]], seed=8, **kw)  # type: ignore[arg-type]
+
+
+def test_sampling_follows_the_distribution() -> None:
+    logits = torch.tensor([[0.0, 0.0, 2.0]]).expand(4000, 3)
+    g = torch.Generator().manual_seed(0)
+    draws = choose_next(logits, SamplingConfig(), generator=g)
+    freq = torch.bincount(draws, minlength=3).float() / 4000
+    torch.testing.assert_close(freq, torch.tensor([0.0, 0.0, 2.0]).softmax(0), atol=0.03, rtol=0)
+
+
+def test_eos_and_stop_strings() -> None:
+    model = small()
+    greedy = SamplingConfig(temperature=0)
+    free = generate(model, [[1, 2, 3]], max_new_tokens=10, sampling=greedy)[0]
+    eos = free[3]
+    cut = generate(model, [[1, 2, 3]], max_new_tokens=10, sampling=greedy, eos_id=eos)[0]
+    assert cut == free[: free.index(eos) + 1]
+    decode = lambda ids: "".join(chr(65 + i % 26) for i in ids)  # noqa: E731
+    stop = decode(free[2:4])
+    out = generate(
+        model, [[1, 2, 3]], max_new_tokens=10, sampling=greedy, stop=[stop], decode=decode
+    )[0]
+    assert stop in decode(out) and len(out) <= free.index(free[3]) + 1 + 2
+
+
+def test_prompt_too_long_errors_or_truncates() -> None:
+    model = small()  # max_len 48
+    long = list(range(1, 40)) + [1] * 5
+    with pytest.raises(ValueError, match="at most 38"):
+        generate(model, [long], max_new_tokens=10)
+    out = generate(
+        model, [long], max_new_tokens=10, truncate=True, sampling=SamplingConfig(temperature=0)
+    )
+    assert out == generate(
+        model, [long[-38:]], max_new_tokens=10, sampling=SamplingConfig(temperature=0)
+    )
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, [[]], max_new_tokens=3)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=1.5)

@@ -1,0 +1,118 @@
+"""LM training: loss goes down, resume reproduces the uninterrupted run, schedules, configs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.data.char import CharTokenizer, load_tokenizer
+from aiayn.data.lm_data import TokenStream
+from aiayn.train.config import load_run_config
+from aiayn.train.lm import train_lm
+from aiayn.train.optim import build_adamw
+from aiayn.train.schedule import cosine_schedule, paper_schedule
+from aiayn.train.state import load_checkpoint
+
+TOML = """
+[model]
+preset = "gpt2-small"
+n_layers = 2
+d_model = 32
+n_heads = 4
+d_ff = 64
+max_len = 32
+dropout = 0.1
+
+[data]
+text = "corpus.txt"
+
+[train]
+max_steps = 8
+batch_size = 4
+block_size = 16
+lr = 3e-3
+warmup_steps = 2
+eval_interval = 4
+eval_batches = 2
+checkpoint_interval = 4
+"""
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "run.toml").write_text(TOML)
+    return tmp_path, tmp_path / "run.toml"
+
+
+def test_resume_reproduces_uninterrupted_run(setup: tuple[Path, Path]) -> None:
+    root, cfg_path = setup
+    run = load_run_config(cfg_path)
+    full = train_lm(run, root / "full", root, progress=False)
+    train_lm(run, root / "split", root, stop_after=4, progress=False)  # "killed" after step 4
+    resumed = train_lm(run, root / "split", root, resume=True, progress=False)
+    losses = [h["loss"] for h in full["history"]]
+    assert len(losses) == 8 and losses[-1] < losses[0]
+    assert [h["loss"] for h in resumed["history"]] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    assert resumed["val_loss"] == pytest.approx(full["val_loss"], rel=1e-5)
+    _, tok, run_dict, state = load_checkpoint(root / "split" / "checkpoint")
+    assert state is not None and state.step == 8 and run_dict["train"]["max_steps"] == 8
+    assert tok.decode(tok.encode("To be")) == "To be"
+    log = (root / "split" / "log.csv").read_text().splitlines()
+    assert log[0].startswith("step,loss") and len(log) == 9
+
+
+def test_config_errors(setup: tuple[Path, Path]) -> None:
+    root, cfg_path = setup
+    with pytest.raises(ValueError, match="unknown key"):
+        load_run_config(cfg_path, {"train.learning_rate": 1.0})
+    with pytest.raises(ValueError, match="max_steps=0"):
+        load_run_config(cfg_path, {"train.max_steps": 0})
+    with pytest.raises(ValueError, match="not valid TOML"):
+        (root / "bad.toml").write_text("[model\n")
+        load_run_config(root / "bad.toml")
+    run = load_run_config(cfg_path, {"model.n_layers": 1, "train.max_steps": 3})
+    assert run.model.n_layers == 1 and run.train.max_steps == 3
+    (root / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        train_lm(
+            load_run_config(cfg_path, {"data.text": "empty.txt"}), root / "o", root, progress=False
+        )
+
+
+def test_schedules() -> None:
+    # Eq. (3): peak at step = warmup, value d^-0.5 * warmup^-0.5.
+    peak = paper_schedule(4000, d_model=512, warmup=4000)
+    assert peak == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert paper_schedule(2000, d_model=512, warmup=4000) == pytest.approx(peak / 2)
+    assert paper_schedule(16000, d_model=512, warmup=4000) == pytest.approx(peak / 2)
+    assert cosine_schedule(0, lr=1.0, min_lr=0.1, warmup=10, total=110) == pytest.approx(0.1)
+    assert cosine_schedule(9, lr=1.0, min_lr=0.1, warmup=10, total=110) == pytest.approx(1.0)
+    assert cosine_schedule(60, lr=1.0, min_lr=0.1, warmup=10, total=110) == pytest.approx(0.55)
+    assert cosine_schedule(200, lr=1.0, min_lr=0.1, warmup=10, total=110) == 0.1
+
+
+def test_weight_decay_only_on_matrices() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = build_adamw(model, lr=1e-3, weight_decay=0.1)
+    decayed = {id(p) for p in opt.param_groups[0]["params"]}
+    assert decayed == {id(model[0].weight)}
+    assert opt.param_groups[1]["weight_decay"] == 0.0
+
+
+def test_char_tokenizer_and_stream(tmp_path: Path) -> None:
+    tok = CharTokenizer.from_text("hello world")
+    assert tok.vocab_size == 8 and tok.decode(tok.encode("hello")) == "hello"
+    with pytest.raises(ValueError, match="'z'"):
+        tok.encode("z")
+    tok.save(tmp_path / "t.json")
+    assert load_tokenizer(tmp_path / "t.json").encode("low") == tok.encode("low")
+    stream = TokenStream(torch.arange(100), train_fraction=0.9)
+    x, y = stream.batch("train", 3, 8)
+    assert x.shape == (3, 8) and torch.equal(y, x + 1) and int(x.max()) < 90
+    vx, _ = stream.batch("val", 2, 4)
+    assert int(vx.min()) >= 90
+    assert math.isclose(len(stream.splits["val"]), 10)
