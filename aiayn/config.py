@@ -29,7 +29,7 @@ Positional = Literal["sinusoidal", "learned", "rope", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["post", "pre"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
-Backend = Literal["reference", "sdpa"]
+Backend = Literal["reference", "sdpa", "flash"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "arch": get_args(Arch),

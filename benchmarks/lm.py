@@ -73,13 +73,8 @@ def ours(s: dict[str, int]) -> torch.nn.Module:
 
 
 def hf_gpt2(s: dict[str, int]) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(
-        n_layer=s["n_layers"], n_head=s["n_heads"], n_embd=s["d_model"], vocab_size=s["vocab"], n_positions=max(s["block"], 320),
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu",
-    )  # fmt: skip
-    return GPT2LMHeadModel(cfg, attn_implementation="sdpa")
+    """HF GPT2LMHeadModel (SDPA attention) of the same shape, with our initial weights."""
+    return to_hf_gpt2(ours(s), attn_implementation="sdpa")  # type: ignore[arg-type]
 
 
 def x_transformers(s: dict[str, int]) -> torch.nn.Module:

@@ -29,11 +29,7 @@ def _prepare(
         raise ValueError("generate() needs at least one prompt")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    if max_new_tokens >= max_len:
-        raise ValueError(
-            f"max_new_tokens={max_new_tokens} leaves no room for a prompt in max_len={max_len}"
-        )
-    room = max_len - max_new_tokens
+    room = max_len
     out = []
     for i, prompt in enumerate(prompts):
         prompt = list(prompt)
@@ -44,8 +40,8 @@ def _prepare(
         if len(prompt) > room:
             if not truncate:
                 raise ValueError(
-                    f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens}"
-                    f" the model's max_len={max_len} allows at most {room}"
+                    f"prompt {i} has {len(prompt)} tokens; the model's max_len={max_len}"
+                    f" allows at most {room}"
                     " (pass truncate=True to keep only the last tokens)"
                 )
             prompt = prompt[-room:]
@@ -64,7 +60,12 @@ def stream(
     eos_id: int | None = None,
     truncate: bool = False,
 ) -> Iterator[Tensor]:
-    """Yield (B,) next tokens, one step at a time.  Stops early once all have emitted ``eos_id``."""
+    """Yield (B,) next tokens, one step at a time.  Stops early once all have emitted ``eos_id``.
+
+    Beyond the model's ``max_len`` the context slides: the oldest tokens are dropped and the
+    last ``max_len - 1`` are re-read (as nanoGPT crops its context), so any length can be
+    generated; within ``max_len`` every step is a single cached token.
+    """
     cfg = model.config
     rows = _prepare(prompts, max_new_tokens, cfg.max_len, truncate)
     device = model.head.weight.device
@@ -81,12 +82,13 @@ def stream(
     if sampling.repetition_penalty != 1.0:
         seen = torch.zeros(b, cfg.vocab_size, dtype=torch.bool, device=device)
         seen.scatter_(1, ids, real)
-    cache = model.new_cache(b, p + max_new_tokens)
+    cache = model.new_cache(b, min(p + max_new_tokens, cfg.max_len))
     was_training = model.training
     model.eval()
     try:
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
+        history, history_real = ids, real  # (B, S): kept for sliding past max_len
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
             nxt = choose_next(logits, sampling, seen=seen, generator=generator)  # (B,)
@@ -98,7 +100,20 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
-            logits = model(nxt[:, None], cache=cache)[:, -1]
+            history = torch.cat([history, nxt[:, None]], 1)
+            history_real = torch.cat(
+                [history_real, torch.ones_like(nxt[:, None], dtype=torch.bool)], 1
+            )
+            if cache.length < cache.capacity:
+                logits = model(nxt[:, None], cache=cache)[:, -1]
+            else:
+                # The context is full: like nanoGPT, keep the last max_len - 1 tokens and
+                # re-read them (their positions restart at 0), then go on with the cache.
+                keep = cfg.max_len - 1
+                window, window_real = history[:, -keep:], history_real[:, -keep:]
+                cache = model.new_cache(b, cfg.max_len)
+                mask = None if bool(window_real.all()) else window_real
+                logits = model(window, attention_mask=mask, cache=cache)[:, -1]
     finally:
         model.train(was_training)
 

@@ -126,16 +126,32 @@ def test_eos_and_stop_strings() -> None:
 
 def test_prompt_too_long_errors_or_truncates() -> None:
     model = small()  # max_len 48
-    long = list(range(1, 40)) + [1] * 5
-    with pytest.raises(ValueError, match="at most 38"):
+    long = list(range(1, 40)) + [1] * 10
+    with pytest.raises(ValueError, match="at most 48"):
         generate(model, [long], max_new_tokens=10)
     out = generate(
         model, [long], max_new_tokens=10, truncate=True, sampling=SamplingConfig(temperature=0)
     )
     assert out == generate(
-        model, [long[-38:]], max_new_tokens=10, sampling=SamplingConfig(temperature=0)
+        model, [long[-48:]], max_new_tokens=10, sampling=SamplingConfig(temperature=0)
     )
     with pytest.raises(ValueError, match="empty"):
         generate(model, [[]], max_new_tokens=3)
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=1.5)
+
+
+def test_generation_slides_past_max_len_like_nanogpt() -> None:
+    model = small()  # max_len 48
+    prompt = list(range(1, 31))
+    out = generate(
+        model, [prompt, prompt[5:]], max_new_tokens=40, sampling=SamplingConfig(temperature=0)
+    )
+    assert [len(o) for o in out] == [40, 40]
+    # Reference: re-run the last max_len tokens every step (no cache), cropping like nanoGPT
+    # (our window after the first overflow holds max_len - 1 tokens, then grows to max_len).
+    ids = list(prompt)
+    cached = generate(model, [prompt], max_new_tokens=18, sampling=SamplingConfig(temperature=0))[0]
+    for _ in range(18):
+        ids.append(int(model(torch.tensor([ids[-48:]]))[0, -1].argmax()))
+    assert cached == ids[30:]
