@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -47,6 +48,21 @@ def commit_dir(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
+def write_atomically(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Let ``fill`` write a temporary folder, then rename it to ``target``; on any failure the
+    temporary folder is removed and an existing ``target`` is left untouched."""
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"cannot write to {target}: it exists and is not a folder")
+    tmp = atomic_dir(target)
+    try:
+        fill(tmp)
+        commit_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
 def write_model(model: TransformerModel, folder: Path) -> None:
     """Write config.json and model.safetensors into an existing (temporary) folder."""
     (folder / CONFIG_FILE).write_text(model.config.to_json())
@@ -55,17 +71,7 @@ def write_model(model: TransformerModel, folder: Path) -> None:
 
 def save(model: TransformerModel, directory: str | os.PathLike[str]) -> Path:
     """Write ``model`` to ``directory`` (config.json + model.safetensors), atomically."""
-    target = Path(directory)
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"cannot save a model to {target}: it exists and is not a folder")
-    tmp = atomic_dir(target)
-    try:
-        write_model(model, tmp)
-        commit_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+    return write_atomically(Path(directory), lambda tmp: write_model(model, tmp))
 
 
 def load_config(directory: str | os.PathLike[str]) -> ModelConfig:

@@ -12,9 +12,10 @@ import torch
 
 from aiayn.config import presets
 from aiayn.data.bpe import BOS, EOS, train_bpe
+from aiayn.data.char import Tokenizer
 from aiayn.data.files import data_dir, read_lines
 from aiayn.inspect.summary import summarize
-from aiayn.models import EncoderDecoder, build_model
+from aiayn.models import DecoderLM, EncoderDecoder, build_model
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, object]:
@@ -124,8 +125,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_lm(path: str) -> tuple[object, object]:
-    from aiayn.models import DecoderLM
+def _load_lm(path: str) -> tuple[DecoderLM, Tokenizer]:
     from aiayn.train.state import load_checkpoint
 
     model, tokenizer, _, _ = load_checkpoint(Path(path))
@@ -146,7 +146,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
     )
-    prompt_ids = tokenizer.encode(args.prompt)  # type: ignore[attr-defined]
+    prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one character")
     sys.stdout.write(args.prompt)
@@ -154,21 +154,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     def show(token: torch.Tensor) -> None:
         text.append(int(token[0]))
-        sys.stdout.write(tokenizer.decode([text[-1]]))  # type: ignore[attr-defined]
+        sys.stdout.write(tokenizer.decode([text[-1]]))
         sys.stdout.flush()
 
-    out = generate(
-        model,  # type: ignore[arg-type]
+    generate(
+        model,
         [prompt_ids],
         max_new_tokens=args.max_new_tokens,
         sampling=sampling,
         seed=args.seed,
         stop=args.stop or (),
-        decode=tokenizer.decode,  # type: ignore[attr-defined]
+        decode=tokenizer.decode,
         truncate=args.truncate,
         on_token=show,
     )
-    del out
     sys.stdout.write("\n")
     return 0
 

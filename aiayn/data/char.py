@@ -86,6 +86,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             from tokenizers import Tokenizer as HFTokenizer
 
             return BPETokenizer(HFTokenizer.from_str(json.dumps(data["tokenizer"])))
-    except (OSError, KeyError, TypeError, json.JSONDecodeError, Exception) as err:
+    except Exception as err:  # any failure to read or parse the file
         raise ValueError(f"cannot load tokenizer {path}: {err}") from err
     raise ValueError(f"cannot load tokenizer {path}: unknown kind {data.get('kind')!r}")

@@ -88,7 +88,10 @@ def stream(
     try:
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        history, history_real = ids, real  # (B, S): kept for sliding past max_len
+        slides = p + max_new_tokens > cfg.max_len
+        if slides:  # (B, P + N): every token, to re-read the last max_len - 1 when full
+            history = torch.cat([ids, ids.new_zeros(b, max_new_tokens)], 1)
+            history_real = torch.cat([real, real.new_ones(b, max_new_tokens)], 1)
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
             nxt = choose_next(logits, sampling, seen=seen, generator=generator)  # (B,)
@@ -100,17 +103,16 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
-            history = torch.cat([history, nxt[:, None]], 1)
-            history_real = torch.cat(
-                [history_real, torch.ones_like(nxt[:, None], dtype=torch.bool)], 1
-            )
             if cache.length < cache.capacity:
+                if slides:
+                    history[:, p + step] = nxt
                 logits = model(nxt[:, None], cache=cache)[:, -1]
             else:
                 # The context is full: like nanoGPT, keep the last max_len - 1 tokens and
                 # re-read them (their positions restart at 0), then go on with the cache.
-                keep = cfg.max_len - 1
-                window, window_real = history[:, -keep:], history_real[:, -keep:]
+                history[:, p + step] = nxt
+                end, start = p + step + 1, p + step + 2 - cfg.max_len
+                window, window_real = history[:, start:end], history_real[:, start:end]
                 cache = model.new_cache(b, cfg.max_len)
                 mask = None if bool(window_real.all()) else window_real
                 logits = model(window, attention_mask=mask, cache=cache)[:, -1]

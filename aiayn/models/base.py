@@ -93,7 +93,7 @@ class TransformerModel(nn.Module):
             elif isinstance(module, LearnedPositions):
                 nn.init.normal_(module.weight, 0.0, c.init_std)
 
-    def _positions(self, batch: int, t: int, offset: int, device: torch.device) -> Tensor:
+    def _positions(self, t: int, offset: int, device: torch.device) -> Tensor:
         """(T,) positions offset..offset+T-1, checked against max_len."""
         if offset + t > self.config.max_len:
             raise ValueError(

@@ -22,6 +22,7 @@ from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.cache import Cache
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
+from aiayn.nn.masks import key_padding_to_attention
 
 
 class DecoderLM(TransformerModel):
@@ -107,12 +108,12 @@ class DecoderLM(TransformerModel):
             cache.key_mask = key_mask
         elif attention_mask is not None:
             key_mask = attention_mask
-        positions = self._positions(b, t, offset, ids.device)  # (T,)
+        positions = self._positions(t, offset, ids.device)  # (T,)
         if key_mask is not None:
             # Count only real tokens: left padding does not shift a prompt's positions.
             positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]  # (B, T)
         x = self.embed(ids, positions)  # (B, T, C)
-        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+        mask = None if key_mask is None else key_padding_to_attention(key_mask)  # (B, 1, 1, S)
         x = self.decoder(
             x,
             mask=mask,

@@ -16,6 +16,7 @@ from aiayn.config import ModelConfig
 from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
+from aiayn.nn.masks import key_padding_to_attention
 from aiayn.nn.norms import build_norm
 
 
@@ -62,9 +63,9 @@ class EncoderLM(TransformerModel):
             attention_mask = ids != self.config.pad_id
         if attention_mask is not None:
             check_token_mask(attention_mask, ids)
-        positions = self._positions(ids.shape[0], ids.shape[1], 0, ids.device)
+        positions = self._positions(ids.shape[1], 0, ids.device)
         x = self.embed(ids, positions)  # (B, T, C)
-        mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B,1,1,T)
+        mask = None if attention_mask is None else key_padding_to_attention(attention_mask)
         return self.encoder(x, mask=mask, rotary=self._rotary(positions), weights=weights)
 
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:

@@ -21,6 +21,7 @@ from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.cache import Cache
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
+from aiayn.nn.masks import key_padding_to_attention
 
 
 class EncoderDecoder(TransformerModel):
@@ -69,9 +70,9 @@ class EncoderDecoder(TransformerModel):
         """(B, S) source ids -> (B, S, C) memory and the (B, S) source key mask (or None)."""
         check_ids(src, self.config.source_vocab_size, "src")
         keep = self.source_mask(src, src_mask)
-        positions = self._positions(src.shape[0], src.shape[1], 0, src.device)
+        positions = self._positions(src.shape[1], 0, src.device)
         x = self.src_embed(src, positions)  # (B, S, C)
-        mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, S)
+        mask = None if keep is None else key_padding_to_attention(keep)  # (B, 1, 1, S)
         memory = self.encoder(x, mask=mask, rotary=self._rotary(positions), weights=weights)
         return memory, keep
 
@@ -91,13 +92,13 @@ class EncoderDecoder(TransformerModel):
         """
         check_ids(tgt, self.config.vocab_size, "tgt")
         offset = 0 if cache is None else cache.length
-        positions = self._positions(tgt.shape[0], tgt.shape[1], offset, tgt.device)  # (T,)
+        positions = self._positions(tgt.shape[1], offset, tgt.device)  # (T,)
         x = self.tgt_embed(tgt, positions)  # (B, T, C)
         if cache is not None:
             if src_keep is not None:
                 cache.memory_mask = src_keep
             src_keep = cache.memory_mask
-        memory_mask = None if src_keep is None else src_keep[:, None, None, :]  # (B, 1, 1, S)
+        memory_mask = None if src_keep is None else key_padding_to_attention(src_keep)
         x = self.decoder(
             x,
             is_causal=True,

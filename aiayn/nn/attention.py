@@ -23,7 +23,6 @@ gets an all-zero output and zero gradients -- never NaN -- in every backend.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -154,13 +153,13 @@ def _sdpa(
     return out.masked_fill(dead, 0.0), None
 
 
-BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+BACKENDS: dict[str, Backend] = {
     "reference": _reference,
     "sdpa": _sdpa,
 }
 
 
-def register_backend(name: str, fn: Callable[..., tuple[Tensor, Tensor | None]]) -> None:
+def register_backend(name: str, fn: Backend) -> None:
     """Add an attention backend under ``name`` (same signature as the built-in ones)."""
     BACKENDS[name] = fn
 

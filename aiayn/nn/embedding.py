@@ -47,8 +47,7 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        """(B, T) token ids and (T,) or (B, T) positions -> (B, T, C)."""
-        check_ids(ids, self.vocab_size)
+        """(B, T) token ids (checked by the model) and (T,) or (B, T) positions -> (B, T, C)."""
         x = self.token(ids)  # (B, T, C)
         if self.scale != 1.0:
             x = x * self.scale

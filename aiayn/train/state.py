@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from aiayn.checkpoint import atomic_dir, commit_dir, load, write_model
+from aiayn.checkpoint import load, write_atomically, write_model
 from aiayn.data.char import Tokenizer, load_tokenizer
 from aiayn.models import TransformerModel
 
@@ -45,8 +45,7 @@ def save_checkpoint(
     run: dict[str, Any],
     state: TrainState,
 ) -> Path:
-    tmp = atomic_dir(directory)
-    try:
+    def fill(tmp: Path) -> None:
         write_model(model, tmp)
         tokenizer.save(tmp / TOKENIZER_FILE)
         (tmp / RUN_FILE).write_text(json.dumps(run, indent=2))
@@ -60,13 +59,8 @@ def save_checkpoint(
             },
             tmp / STATE_FILE,
         )
-        commit_dir(tmp, directory)
-    except BaseException:
-        import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+    return write_atomically(directory, fill)
 
 
 def load_checkpoint(
