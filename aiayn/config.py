@@ -78,6 +78,9 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
     tie_embeddings: bool = True  # share input embeddings and the output projection, §3.4
     attention_backend: Backend = "sdpa"
+    # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
+    # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
+    sliding_window: int | None = None
     pad_id: int | None = 0
     init_std: float = 0.02
 
@@ -108,6 +111,14 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise _fail(name, value, "a probability in [0, 1)")
+        if self.sliding_window is not None and (
+            isinstance(self.sliding_window, bool)
+            or not isinstance(self.sliding_window, int)
+            or self.sliding_window < 1
+        ):
+            raise _fail("sliding_window", self.sliding_window, "a positive integer or None")
+        if self.sliding_window is not None and self.arch == "encoder":
+            raise _fail("sliding_window", self.sliding_window, "None for arch='encoder' (it is causal)")
         if self.rope_base <= 0 or self.rope_scaling <= 0:
             raise _fail("rope_base/rope_scaling", (self.rope_base, self.rope_scaling), "> 0")
         if self.norm_eps <= 0:
