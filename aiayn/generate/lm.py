@@ -103,7 +103,7 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
-            if cache.length < cache.capacity:
+            if cache.length < cfg.max_len:
                 if slides:
                     history[:, p + step] = nxt
                 logits = model(nxt[:, None], cache=cache)[:, -1]

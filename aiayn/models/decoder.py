@@ -60,6 +60,7 @@ class DecoderLM(TransformerModel):
             c.kv_heads,
             capacity,
             c.head_dim,
+            window=c.sliding_window,
             dtype=dtype or p.dtype,
             device=p.device,
         )
@@ -90,34 +91,30 @@ class DecoderLM(TransformerModel):
         weights: Weights | None,
     ) -> Tensor:
         check_ids(ids, self.config.vocab_size)
-        b, t = ids.shape
+        t = ids.shape[1]
         offset = 0 if cache is None else cache.length
-        key_mask = None  # (B, S) True at real tokens
         if attention_mask is not None:
             check_token_mask(attention_mask, ids)
+        positions = self._positions(t, offset, ids.device)  # (T,)
+        key_mask = None  # (B, S) True at real tokens
         if cache is not None and (cache.key_mask is not None or attention_mask is not None):
-            past = cache.key_mask
-            if past is None:
-                past = torch.ones(b, offset, dtype=torch.bool, device=ids.device)
             new = (
                 attention_mask
                 if attention_mask is not None
                 else torch.ones_like(ids, dtype=torch.bool)
             )
-            key_mask = torch.cat([past, new], dim=1)  # (B, S)
-            cache.key_mask = key_mask
+            key_mask, positions = cache.append_key_mask(new)  # positions: (B, T)
         elif attention_mask is not None:
             key_mask = attention_mask
-        positions = self._positions(t, offset, ids.device)  # (T,)
-        if key_mask is not None:
             # Count only real tokens: left padding does not shift a prompt's positions.
-            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]  # (B, T)
+            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
         x = self.embed(ids, positions)  # (B, T, C)
         mask = None if key_mask is None else key_padding_to_attention(key_mask)  # (B, 1, 1, S)
         x = self.decoder(
             x,
             mask=mask,
             is_causal=True,
+            window=self.config.sliding_window,
             rotary=self._rotary(positions),
             caches=None if cache is None else cache.layers,
             weights=weights,

@@ -102,6 +102,7 @@ class EncoderDecoder(TransformerModel):
         x = self.decoder(
             x,
             is_causal=True,
+            window=self.config.sliding_window,
             rotary=self._rotary(positions),
             memory=memory,
             memory_mask=memory_mask,
@@ -146,6 +147,7 @@ class EncoderDecoder(TransformerModel):
             c.kv_heads,
             capacity,
             c.head_dim,
+            window=c.sliding_window,
             dtype=dtype or p.dtype,
             device=p.device,
         )

@@ -251,6 +251,11 @@ def scaled_dot_product_attention(
         )
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    t, s = q.shape[-2], k.shape[-2]
+    if t == 1 and (window is None or s <= window):
+        # One query at the newest position (a decoding step) may see every key given: the
+        # causal/window constraint is empty, so no mask is built.
+        is_causal, window = False, None
     if isinstance(scale, bool):
         scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale else 1.0
     else:

@@ -8,10 +8,20 @@ depend only on the encoder output, so they are computed once per sentence.
 Memory per token and layer: 2 · n_kv_heads · d_head · bytes -- grouped-query attention shrinks
 it by n_heads / n_kv_heads.
 
-The buffers are preallocated to ``capacity`` positions so that appending never reallocates;
+Two layouts share one append routine (:func:`_append`):
+
+* growing -- preallocated to ``capacity`` positions, so appending never reallocates;
+* rolling -- for sliding-window attention (Mistral, Jiang et al., 2023): a ring of ``window``
+  slots; position p is stored in slot p mod window, overwriting the position that has just
+  left the window, so memory stays bounded by the window however long generation runs.
+  Attention does not care about the order of its keys (RoPE and absolute positions are
+  already in the vectors), so a one-token step reads the ring as it is; a multi-token step
+  reads the kept positions in time order followed by the new ones, and the window mask
+  (aligned bottom-right) does the rest.
+
 :meth:`Cache.reorder` selects batch rows (beam search).
 
-Shapes: B batch, H_kv key/value heads, S cached positions, D head size.
+Shapes: B batch, H_kv key/value heads, S cached positions, D head size, W window.
 """
 
 from __future__ import annotations
@@ -22,8 +32,33 @@ import torch
 from torch import Tensor
 
 
+def _append(buf: Tensor, seen: int, new: Tensor, rolling: bool) -> tuple[Tensor, Tensor]:
+    """Write ``new`` (positions seen..seen+T-1 along dim 2) into ``buf``; return (updated
+    buffer, what attention should read).  ``buf`` is (B, H, N, D) or (B, N) -- dim 2 or 1."""
+    dim = 2 if buf.dim() == 4 else 1
+    t, n = new.shape[dim], buf.shape[dim]
+    if not rolling:
+        if seen + t > n:
+            raise ValueError(
+                f"KV cache is full: {seen} cached + {t} new positions exceed its capacity of {n}"
+            )
+        buf.narrow(dim, seen, t).copy_(new)
+        return buf, buf.narrow(dim, 0, seen + t)
+    if t == 1:  # the common decoding step: overwrite the slot leaving the window
+        buf.narrow(dim, seen % n, 1).copy_(new)
+        return buf, buf.narrow(dim, 0, min(seen + 1, n))
+    kept = min(seen, n)
+    order = torch.arange(seen - kept, seen, device=buf.device) % n  # kept slots, oldest first
+    read = torch.cat([buf.index_select(dim, order), new], dim)
+    last = min(t, n)  # only the newest `window` positions are stored
+    slots = torch.arange(seen + t - last, seen + t, device=buf.device) % n
+    buf.index_copy_(dim, slots, new.narrow(dim, t - last, last))
+    return buf, read
+
+
 class KVCache:
-    """One self-attention layer's keys and values, preallocated to ``capacity`` positions."""
+    """One self-attention layer's keys and values: growing (``capacity`` slots) or rolling
+    (``window`` slots)."""
 
     def __init__(
         self,
@@ -32,31 +67,27 @@ class KVCache:
         capacity: int,
         head_dim: int,
         *,
+        window: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        shape = (batch, n_kv_heads, capacity, head_dim)  # (B, H_kv, S_max, D)
+        self.rolling = window is not None
+        slots = min(capacity, window) if window is not None else capacity
+        shape = (batch, n_kv_heads, slots, head_dim)  # (B, H_kv, S_max, D)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
+        self.length = 0  # positions seen so far (may exceed the slots when rolling)
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append (B, H_kv, T, D) keys/values; return views of all (B, H_kv, S, D) so far."""
-        t = k.shape[2]
-        if self.length + t > self.capacity:
-            raise ValueError(
-                f"KV cache is full: {self.length} cached + {t} new positions exceed its"
-                f" capacity of {self.capacity}"
-            )
-        end = self.length + t
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        """Append (B, H_kv, T, D) keys/values; return the (B, H_kv, S, D) keys/values to attend."""
+        self.k, k_all = _append(self.k, self.length, k, self.rolling)
+        self.v, v_all = _append(self.v, self.length, v, self.rolling)
+        self.length += k.shape[2]
+        return k_all, v_all
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',), e.g. the surviving beams' parents."""
@@ -69,7 +100,7 @@ class KVCache:
 
 @dataclass
 class LayerCache:
-    """Per decoder layer: its growing self-attention cache, and cross-attention K/V once."""
+    """Per decoder layer: its self-attention cache, and cross-attention K/V computed once."""
 
     self_kv: KVCache
     cross_kv: tuple[Tensor, Tensor] | None = None
@@ -81,17 +112,20 @@ class LayerCache:
             self.cross_kv = (k.index_select(0, index), v.index_select(0, index))
 
 
-@dataclass
 class Cache:
-    """The whole decoder's cache: one :class:`LayerCache` per layer, plus the key mask.
+    """The whole decoder's cache: one :class:`LayerCache` per layer, and the key mask.
 
-    ``key_mask`` (B, S) records which cached positions are real tokens (False for left
-    padding), so later steps keep ignoring them.
+    The key mask records which cached positions are real tokens (False for left padding), in
+    the same slots as the keys, so later steps keep ignoring padding; ``real`` counts each
+    row's real tokens, which is the next position of that row.
     """
 
-    layers: list[LayerCache]
-    key_mask: Tensor | None = None
-    memory_mask: Tensor | None = None  # (B, S_src) source padding, for cross-attention
+    def __init__(self, layers: list[LayerCache], *, window: int | None = None) -> None:
+        self.layers = layers
+        self.window = window
+        self.key_mask: Tensor | None = None  # (B, slots), allocated on first padded input
+        self.real: Tensor | None = None  # (B,) real tokens so far, with key_mask
+        self.memory_mask: Tensor | None = None  # (B, S_src) source padding, for cross-attention
 
     @classmethod
     def empty(
@@ -102,31 +136,52 @@ class Cache:
         capacity: int,
         head_dim: int,
         *,
+        window: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> Cache:
-        return cls(
-            [
-                LayerCache(
-                    KVCache(batch, n_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        layers = [
+            LayerCache(
+                KVCache(
+                    batch, n_kv_heads, capacity, head_dim, window=window, dtype=dtype, device=device
                 )
-                for _ in range(n_layers)
-            ]
-        )
+            )
+            for _ in range(n_layers)
+        ]
+        return cls(layers, window=window)
 
     @property
     def length(self) -> int:
+        """Positions seen so far."""
         return self.layers[0].self_kv.length
 
     @property
     def capacity(self) -> int:
+        """Slots per layer: the window when rolling."""
         return self.layers[0].self_kv.capacity
+
+    def append_key_mask(self, keep: Tensor) -> tuple[Tensor, Tensor]:
+        """Record (B, T) real-token flags for the next T positions.
+
+        Returns the (B, S) key mask in the order the layers will return keys, and the (B, T)
+        positions of the new tokens counted over real tokens only.
+        """
+        b = keep.shape[0]
+        if self.key_mask is None:  # everything cached so far was real
+            self.key_mask = torch.ones(b, self.capacity, dtype=torch.bool, device=keep.device)
+            self.real = torch.full((b,), self.length, dtype=torch.long, device=keep.device)
+        assert self.real is not None
+        self.key_mask, read = _append(self.key_mask, self.length, keep, self.window is not None)
+        positions = self.real[:, None] + keep.long().cumsum(-1) - 1  # (B, T)
+        self.real = self.real + keep.long().sum(-1)
+        return read, positions.clamp(min=0)
 
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
             layer.reorder(index)
-        if self.key_mask is not None:
+        if self.key_mask is not None and self.real is not None:
             self.key_mask = self.key_mask.index_select(0, index)
+            self.real = self.real.index_select(0, index)
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.index_select(0, index)
 
