@@ -56,6 +56,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calc(args: argparse.Namespace) -> int:
+    """Parameters, FLOPs and memory from the config alone (nothing is built)."""
+    from aiayn.inspect.calc import cost_report, format_cost_report, load_config
+
+    name, config = load_config(args.model, _overrides(args.set))
+    report = cost_report(config, args.context, args.batch, args.dtype, name=name)
+    print(report.to_json() if args.json else format_cost_report(report))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the paper's model and run it on a real Multi30k sentence."""
     torch.manual_seed(args.seed)
@@ -207,6 +217,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("preset", help=f"one of: {', '.join(presets())}")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("calc", help="parameters, FLOPs and memory of a config, without building it")
+    p.add_argument(
+        "model",
+        help=f"a preset ({', '.join(presets())}), a config JSON file or a saved model folder",
+    )
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
+    p.add_argument(
+        "--context", type=int, default=None, help="tokens per sequence (default: max_len)"
+    )
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument(
+        "--dtype", default="bf16", help="float32/fp32, bfloat16/bf16, float16/fp16, int8, fp8"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_calc)
 
     p = sub.add_parser("demo", help="build the paper's model and run it on a Multi30k sentence")
     p.add_argument(

@@ -14,6 +14,10 @@ The presets reproduce published sizes:
   RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases.
 * ``bert-base`` -- Devlin et al. (2019): encoder-only, post-LN, learned positions, GELU, with
   a masked-language-model head.
+* ``llama3-70b`` -- Llama 3 70B (Dubey et al., 2024): 80 layers, d_model 8192, 64 query heads
+  sharing 8 key/value heads, SwiGLU d_ff 28672, a 128,256-token vocabulary, RoPE base 500,000,
+  untied embeddings: 70,553,706,496 parameters.  Too big to instantiate here; it exists so that
+  ``aiayn calc`` (aiayn/inspect/calc.py) can size a frontier-scale model.
 """
 
 from __future__ import annotations
@@ -81,6 +85,11 @@ class ModelConfig:
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
     # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
     sliding_window: int | None = None
+    # Mixture of experts in place of every feed-forward sublayer (aiayn/nn/moe.py): None =
+    # dense; else E experts of size d_ff, each token routed to the top `experts_top_k`.
+    n_experts: int | None = None
+    experts_top_k: int = 2
+    expert_capacity_factor: float | None = None  # None = never drop; see aiayn/nn/moe.py
     pad_id: int | None = 0
     init_std: float = 0.02
 
@@ -118,7 +127,22 @@ class ModelConfig:
         ):
             raise _fail("sliding_window", self.sliding_window, "a positive integer or None")
         if self.sliding_window is not None and self.arch == "encoder":
-            raise _fail("sliding_window", self.sliding_window, "None for arch='encoder' (it is causal)")
+            raise _fail(
+                "sliding_window", self.sliding_window, "None for arch='encoder' (it is causal)"
+            )
+        if self.n_experts is not None:
+            if (
+                isinstance(self.n_experts, bool)
+                or not isinstance(self.n_experts, int)
+                or self.n_experts < 1
+            ):
+                raise _fail("n_experts", self.n_experts, "a positive integer or None")
+            if not 1 <= self.experts_top_k <= self.n_experts:
+                raise _fail(
+                    "experts_top_k", self.experts_top_k, f"between 1 and n_experts={self.n_experts}"
+                )
+        if self.expert_capacity_factor is not None and self.expert_capacity_factor <= 0:
+            raise _fail("expert_capacity_factor", self.expert_capacity_factor, "> 0 or None")
         if self.rope_base <= 0 or self.rope_scaling <= 0:
             raise _fail("rope_base/rope_scaling", (self.rope_base, self.rope_scaling), "> 0")
         if self.norm_eps <= 0:
@@ -273,12 +297,43 @@ def _bert_base() -> ModelConfig:
     )
 
 
+def _llama3_70b() -> ModelConfig:
+    """Llama 3 70B (Meta's params.json / HF config): GQA 64/8 heads of 128, no biases, untied.
+
+    Parameters: 80 x (attention 150,994,944 + SwiGLU 704,643,072 + 2 norms 16,384) + final
+    norm 8,192 + embedding and output projection 2 x 1,050,673,152 = 70,553,706,496 -- the
+    published count, exactly.  (Meta's rope_scaling for Llama 3.1 is not modelled.)
+    """
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=128256,
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=28672,
+        max_len=8192,
+        positional="rope",
+        rope_base=500000.0,
+        norm="rmsnorm",
+        norm_position="pre",
+        norm_eps=1e-5,
+        activation="swiglu",
+        bias=False,
+        dropout=0.0,
+        scale_embeddings=False,
+        tie_embeddings=False,
+        pad_id=None,
+    )
+
+
 _PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "paper-base": _paper_base,
     "paper-big": _paper_big,
     "gpt2-small": _gpt2_small,
     "llama-style-small": _llama_style_small,
     "bert-base": _bert_base,
+    "llama3-70b": _llama3_70b,
 }
 
 

@@ -23,6 +23,7 @@ from aiayn.nn.blocks import Weights
 from aiayn.nn.cache import Cache
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.masks import key_padding_to_attention
+from aiayn.nn.moe import RouterStats
 
 
 class DecoderLM(TransformerModel):
@@ -71,16 +72,18 @@ class DecoderLM(TransformerModel):
         *,
         attention_mask: Tensor | None = None,
         cache: Cache | None = None,
+        aux: list[RouterStats] | None = None,
     ) -> Tensor:
-        """(B, T) ids -> (B, T, V) next-token logits."""
-        return self._run(ids, attention_mask, cache, None)
+        """(B, T) ids -> (B, T, V) next-token logits.  With a mixture of experts, each layer's
+        router statistics (load-balancing loss, dropped assignments) are appended to ``aux``."""
+        return self._run(ids, attention_mask, cache, None, aux)
 
     def forward_with_weights(
         self, ids: Tensor, *, attention_mask: Tensor | None = None
     ) -> tuple[Tensor, list[Tensor]]:
         """Logits and every layer's (B, H, T, T) attention weights (reference backend)."""
         weights: Weights = []
-        logits = self._run(ids, attention_mask, None, weights)
+        logits = self._run(ids, attention_mask, None, weights, None)
         return logits, [w for w in weights if w is not None]
 
     def _run(
@@ -89,6 +92,7 @@ class DecoderLM(TransformerModel):
         attention_mask: Tensor | None,
         cache: Cache | None,
         weights: Weights | None,
+        aux: list[RouterStats] | None,
     ) -> Tensor:
         check_ids(ids, self.config.vocab_size)
         t = ids.shape[1]
@@ -118,5 +122,6 @@ class DecoderLM(TransformerModel):
             rotary=self._rotary(positions),
             caches=None if cache is None else cache.layers,
             weights=weights,
+            aux=aux,
         )
         return self.head(x)  # (B, T, V)

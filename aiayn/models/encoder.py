@@ -17,6 +17,7 @@ from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.masks import key_padding_to_attention
+from aiayn.nn.moe import RouterStats
 from aiayn.nn.norms import build_norm
 
 
@@ -55,7 +56,12 @@ class EncoderLM(TransformerModel):
             self.head.proj.weight = self.embed.token.weight
 
     def encode(
-        self, ids: Tensor, *, attention_mask: Tensor | None = None, weights: Weights | None = None
+        self,
+        ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        weights: Weights | None = None,
+        aux: list[RouterStats] | None = None,
     ) -> Tensor:
         """(B, T) ids -> (B, T, C) contextual vectors."""
         check_ids(ids, self.config.vocab_size)
@@ -66,11 +72,17 @@ class EncoderLM(TransformerModel):
         positions = self._positions(ids.shape[1], 0, ids.device)
         x = self.embed(ids, positions)  # (B, T, C)
         mask = None if attention_mask is None else key_padding_to_attention(attention_mask)
-        return self.encoder(x, mask=mask, rotary=self._rotary(positions), weights=weights)
+        return self.encoder(x, mask=mask, rotary=self._rotary(positions), weights=weights, aux=aux)
 
-    def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        aux: list[RouterStats] | None = None,
+    ) -> Tensor:
         """(B, T) ids -> (B, T, V) logits for the masked-token prediction."""
-        return self.head(self.encode(ids, attention_mask=attention_mask))
+        return self.head(self.encode(ids, attention_mask=attention_mask, aux=aux))
 
     def forward_with_weights(
         self, ids: Tensor, *, attention_mask: Tensor | None = None

@@ -22,6 +22,7 @@ from aiayn.nn.blocks import Weights
 from aiayn.nn.cache import Cache
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.masks import key_padding_to_attention
+from aiayn.nn.moe import RouterStats
 
 
 class EncoderDecoder(TransformerModel):
@@ -65,7 +66,12 @@ class EncoderDecoder(TransformerModel):
 
     # ----- the two halves -------------------------------------------------------------------
     def encode(
-        self, src: Tensor, src_mask: Tensor | None = None, *, weights: Weights | None = None
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        *,
+        weights: Weights | None = None,
+        aux: list[RouterStats] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """(B, S) source ids -> (B, S, C) memory and the (B, S) source key mask (or None)."""
         check_ids(src, self.config.source_vocab_size, "src")
@@ -73,7 +79,9 @@ class EncoderDecoder(TransformerModel):
         positions = self._positions(src.shape[1], 0, src.device)
         x = self.src_embed(src, positions)  # (B, S, C)
         mask = None if keep is None else key_padding_to_attention(keep)  # (B, 1, 1, S)
-        memory = self.encoder(x, mask=mask, rotary=self._rotary(positions), weights=weights)
+        memory = self.encoder(
+            x, mask=mask, rotary=self._rotary(positions), weights=weights, aux=aux
+        )
         return memory, keep
 
     def decode(
@@ -84,6 +92,7 @@ class EncoderDecoder(TransformerModel):
         *,
         cache: Cache | None = None,
         weights: Weights | None = None,
+        aux: list[RouterStats] | None = None,
     ) -> Tensor:
         """(B, T) target ids (shifted right) -> (B, T, V) logits.
 
@@ -108,13 +117,21 @@ class EncoderDecoder(TransformerModel):
             memory_mask=memory_mask,
             caches=None if cache is None else cache.layers,
             weights=weights,
+            aux=aux,
         )
         return self.head(x)  # (B, T, V)
 
-    def forward(self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        *,
+        src_mask: Tensor | None = None,
+        aux: list[RouterStats] | None = None,
+    ) -> Tensor:
         """(B, S) source and (B, T) shifted target ids -> (B, T, V) logits."""
-        memory, keep = self.encode(src, src_mask)
-        return self.decode(tgt, memory, keep)
+        memory, keep = self.encode(src, src_mask, aux=aux)
+        return self.decode(tgt, memory, keep, aux=aux)
 
     def forward_with_weights(
         self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.cache import LayerCache
 from aiayn.nn.feedforward import build_feedforward
+from aiayn.nn.moe import MixtureOfExperts, RouterStats
 from aiayn.nn.multihead import MultiHeadAttention, Rotary
 from aiayn.nn.norms import build_norm
 
@@ -53,7 +54,19 @@ class Block(nn.Module):
         self.norm1 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
         self.cross_attn = attention(True) if cross else None
         self.norm_cross = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if cross else None
-        self.ffn = build_feedforward(c.d_model, c.d_ff, c.activation, c.bias)
+        self.ffn: nn.Module
+        if c.n_experts is None:
+            self.ffn = build_feedforward(c.d_model, c.d_ff, c.activation, c.bias)
+        else:  # mixture of experts in place of the feed-forward sublayer
+            self.ffn = MixtureOfExperts(
+                c.d_model,
+                c.d_ff,
+                n_experts=c.n_experts,
+                top_k=c.experts_top_k,
+                activation=c.activation,
+                bias=c.bias,
+                capacity_factor=c.expert_capacity_factor,
+            )
         self.norm2 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
         self.dropout = nn.Dropout(c.dropout)
 
@@ -74,8 +87,10 @@ class Block(nn.Module):
         memory_mask: Tensor | None = None,
         cache: LayerCache | None = None,
         weights: Weights | None = None,
+        aux: list[RouterStats] | None = None,
     ) -> Tensor:
-        """(B, T, C) -> (B, T, C).  Appends attention weights to ``weights`` if given."""
+        """(B, T, C) -> (B, T, C).  Appends attention weights to ``weights`` and mixture-of-experts
+        router statistics to ``aux`` if given."""
         want = weights is not None
 
         def self_attention(h: Tensor) -> Tensor:
@@ -113,4 +128,13 @@ class Block(nn.Module):
                 return out
 
             x = self._residual(x, norm_cross, cross_attention)
-        return self._residual(x, self.norm2, self.ffn)
+
+        def feed_forward(h: Tensor) -> Tensor:
+            if not isinstance(self.ffn, MixtureOfExperts):
+                return self.ffn(h)
+            out, stats = self.ffn(h)
+            if aux is not None:
+                aux.append(stats)
+            return out
+
+        return self._residual(x, self.norm2, feed_forward)

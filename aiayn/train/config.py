@@ -37,6 +37,7 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     compile: bool = False
     threads: int | None = None
+    moe_aux_weight: float = 0.01  # weight of the MoE load-balancing loss (Switch: 0.01)
 
     def __post_init__(self) -> None:
         for name in (

@@ -23,6 +23,7 @@ from aiayn.data.char import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
 from aiayn.models import DecoderLM, build_model
+from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
 from aiayn.train.optim import build_adamw
 from aiayn.train.schedule import cosine_schedule
@@ -31,8 +32,11 @@ from aiayn.train.state import TrainState, load_checkpoint, save_checkpoint
 CHECKPOINT = "checkpoint"
 
 
-def lm_loss(model: DecoderLM, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(x)  # (B, T, V)
+def lm_loss(
+    model: DecoderLM, x: torch.Tensor, y: torch.Tensor, aux: list[RouterStats] | None = None
+) -> torch.Tensor:
+    """Next-token cross entropy (nats per token); MoE router statistics go to ``aux``."""
+    logits = model(x, aux=aux)  # (B, T, V)
     return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
 
@@ -154,9 +158,14 @@ def train_lm(
             total = 0.0
             for _ in range(tc.grad_accum):
                 x, y = stream.batch("train", tc.batch_size, tc.block_size)
+                aux: list[RouterStats] = []
                 with autocast:
-                    loss = lm_loss(step_fn, x, y) / tc.grad_accum  # type: ignore[arg-type]
-                loss.backward()
+                    loss = lm_loss(step_fn, x, y, aux) / tc.grad_accum  # type: ignore[arg-type]
+                objective = loss
+                if aux:  # mixture of experts: add the load-balancing loss (mean over layers)
+                    balance = torch.stack([s.aux_loss for s in aux]).mean()
+                    objective = loss + tc.moe_aux_weight * balance / tc.grad_accum
+                objective.backward()
                 total += loss.item()
             if not math.isfinite(total):
                 raise FloatingPointError(

@@ -116,3 +116,15 @@ def test_char_tokenizer_and_stream(tmp_path: Path) -> None:
     vx, _ = stream.batch("val", 2, 4)
     assert int(vx.min()) >= 90
     assert math.isclose(len(stream.splits["val"]), 10)
+
+
+def test_trains_a_mixture_of_experts(setup: tuple[Path, Path]) -> None:
+    root, cfg_path = setup
+    run = load_run_config(
+        cfg_path, {"model.n_experts": 4, "model.experts_top_k": 2, "train.max_steps": 6}
+    )
+    out = train_lm(run, root / "moe", root, progress=False)
+    losses = [h["loss"] for h in out["history"]]
+    assert losses[-1] < losses[0]
+    model, _, _, _ = load_checkpoint(root / "moe" / "checkpoint")
+    assert model.config.n_experts == 4

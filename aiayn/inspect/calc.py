@@ -1,0 +1,470 @@
+"""What a model costs, worked out from its config alone: parameters, FLOPs, memory.
+
+Every function here is arithmetic over a :class:`~aiayn.config.ModelConfig` -- no model is
+built, so a 70B config answers instantly.  The parameter count mirrors the modules exactly
+(tests/inspect/test_calc.py checks it against ``build_model(config).num_parameters()`` for
+every preset and a grid of variants), and the KV-cache size is checked against the bytes a real
+:class:`~aiayn.nn.cache.Cache` allocates.
+
+Conventions:
+
+* FLOPs follow PaLM (Chowdhery et al., 2022, appendix B): a multiply-add is 2 FLOPs, the
+  backward pass costs twice the forward, so training costs ``6·N_matmul + 12·L·T·d_attn`` per
+  token, where N_matmul counts the weights of every matrix multiplication (the output
+  projection included even when it is tied to the embedding; embedding lookups, position
+  tables, biases and norms left out), L the attention sublayers, T the keys each query sees and
+  d_attn = n_heads · d_head.  Causal masking is *not* halved (PaLM does not either).
+* Bytes use binary units: 1 KiB = 1024 B, 1 GiB = 1024³ B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiayn.config import ModelConfig, get_preset, presets
+
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "fp32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "int8": 1,
+    "fp8": 1,
+}
+
+
+def dtype_size(dtype: str | int) -> int:
+    """Bytes per element of a dtype name (``"bf16"``, ``"float32"``, ...) or a byte count."""
+    if isinstance(dtype, bool) or not isinstance(dtype, str | int):
+        raise ValueError(f"dtype {dtype!r} is invalid: expected a name or a byte count")
+    if isinstance(dtype, int):
+        if dtype < 1:
+            raise ValueError(f"dtype_bytes={dtype} is invalid: expected a positive byte count")
+        return dtype
+    if dtype.lower() not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype.lower()]
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: expected a positive integer")
+    return value
+
+
+# ----- parameters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParameterBreakdown:
+    """Parameters by kind; each shared (tied) tensor counted once.
+
+    * ``embeddings`` -- token tables and learned position tables.
+    * ``attention`` -- every self- and cross-attention sublayer (projections and biases).
+    * ``feed_forward`` -- every position-wise feed-forward network (all experts and the
+      routers of a mixture of experts).
+    * ``norms`` -- the blocks' norms and the final norms of a pre-LN stack.
+    * ``head`` -- the output projection when untied; for an encoder, the whole masked-LM
+      head (dense layer, norm, vocabulary bias and untied projection).
+    """
+
+    embeddings: int
+    attention: int
+    feed_forward: int
+    norms: int
+    head: int
+
+    @property
+    def total(self) -> int:
+        return self.embeddings + self.attention + self.feed_forward + self.norms + self.head
+
+
+def _attention_weights(c: ModelConfig) -> int:
+    """Weights of one attention sublayer: fused Q/K/V (or Q and fused K/V) and W^O."""
+    q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
+    return c.d_model * (q + 2 * kv) + q * c.d_model
+
+
+def _attention_biases(c: ModelConfig) -> int:
+    q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
+    return (q + 2 * kv + c.d_model) if c.bias else 0
+
+
+def _ffn_weights(c: ModelConfig) -> int:
+    hidden = 2 * c.d_ff if c.activation == "swiglu" else c.d_ff  # SwiGLU fuses W1 and W3
+    return c.d_model * hidden + c.d_ff * c.d_model
+
+
+def _ffn_biases(c: ModelConfig) -> int:
+    hidden = 2 * c.d_ff if c.activation == "swiglu" else c.d_ff
+    return (hidden + c.d_model) if c.bias else 0
+
+
+def _experts(c: ModelConfig) -> tuple[int, int] | None:
+    """(n_experts, top_k) of a mixture-of-experts config (aiayn/nn/moe.py), or None if dense."""
+    return None if c.n_experts is None else (c.n_experts, c.experts_top_k)
+
+
+def _ffn_sublayer(c: ModelConfig) -> int:
+    """Parameters of one feed-forward sublayer: one FFN, or E experts and a bias-free router."""
+    one = _ffn_weights(c) + _ffn_biases(c)
+    moe = _experts(c)
+    return one if moe is None else moe[0] * one + c.d_model * moe[0]
+
+
+def _ffn_active_weights(c: ModelConfig) -> int:
+    """Matmul weights one token passes through in a feed-forward sublayer: the router and its
+    top-k experts in a mixture of experts (no token dropped by a capacity factor)."""
+    moe = _experts(c)
+    return _ffn_weights(c) if moe is None else moe[1] * _ffn_weights(c) + c.d_model * moe[0]
+
+
+def _norm(c: ModelConfig, bias: bool) -> int:
+    if c.norm == "rmsnorm":  # a gain only
+        return c.d_model
+    return c.d_model * (2 if bias else 1)
+
+
+def _stacks(c: ModelConfig) -> tuple[int, int]:
+    """(blocks, cross-attention sublayers) over all stacks."""
+    if c.arch == "encoder-decoder":
+        return c.n_layers + c.decoder_layers, c.decoder_layers
+    return c.n_layers, 0
+
+
+def _attention_sublayers(c: ModelConfig) -> int:
+    blocks, cross = _stacks(c)
+    return blocks + cross
+
+
+def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
+    """Parameters by kind, computed from the config (see :class:`ParameterBreakdown`)."""
+    c = config
+    d, v = c.d_model, c.vocab_size
+    blocks, cross = _stacks(c)
+    n_stacks = 2 if c.arch == "encoder-decoder" else 1
+
+    if c.arch == "encoder-decoder" and not c.tie_embeddings:
+        tokens = (c.source_vocab_size + v) * d
+    else:  # one table (three-way tied in an encoder-decoder: §3.4)
+        tokens = v * d
+    positions = n_stacks * c.max_len * d if c.positional == "learned" else 0
+
+    attention = (blocks + cross) * (_attention_weights(c) + _attention_biases(c))
+    feed_forward = blocks * _ffn_sublayer(c)
+    final = n_stacks if c.norm_position == "pre" else 0
+    norms = (2 * blocks + cross + final) * _norm(c, c.bias)
+
+    projection = 0 if c.tie_embeddings else v * d
+    # An encoder's MaskedLMHead: dense (with bias), norm (with bias), projection + its bias.
+    head = d * d + d + _norm(c, True) + projection + v if c.arch == "encoder" else projection
+    return ParameterBreakdown(
+        embeddings=tokens + positions,
+        attention=attention,
+        feed_forward=feed_forward,
+        norms=norms,
+        head=head,
+    )
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """Trainable parameters, tied tensors counted once: equals
+    ``build_model(config).num_parameters()`` without building anything."""
+    return parameter_breakdown(config).total
+
+
+def matmul_parameters(config: ModelConfig) -> int:
+    """N_matmul: the weights that take part in a matrix multiplication per token.
+
+    Attention and feed-forward matrices, the output projection to the vocabulary (counted even
+    when it is tied: the lookup is free, the projection is not), and an encoder's dense head
+    layer.  Embedding lookups, position tables, biases and norms are left out.  With a
+    mixture of experts, only the router and the ``experts_top_k`` experts a token visits count
+    (the *active* parameters).
+    """
+    c = config
+    blocks, cross = _stacks(c)
+    n = (blocks + cross) * _attention_weights(c) + blocks * _ffn_active_weights(c)
+    n += c.vocab_size * c.d_model
+    if c.arch == "encoder":
+        n += c.d_model * c.d_model
+    return n
+
+
+# ----- FLOPs ----------------------------------------------------------------------------------
+
+
+def _attention_span_sum(config: ModelConfig, context: int) -> int:
+    """Sum over attention sublayers of the keys each query sees."""
+    c = config
+    _positive("context", context)
+    self_span = context if c.sliding_window is None else min(context, c.sliding_window)
+    if c.arch == "encoder-decoder":  # encoder self, decoder self (maybe windowed), cross
+        return c.n_layers * context + c.decoder_layers * (self_span + context)
+    if c.arch == "encoder":
+        return c.n_layers * context
+    return c.n_layers * self_span
+
+
+def training_flops_per_token(config: ModelConfig, context: int) -> int:
+    """Forward + backward FLOPs per token: ``6·N_matmul + 12·L·T·d_attn`` (PaLM, appendix B).
+
+    N_matmul is :func:`matmul_parameters`; d_attn = n_heads · d_head; the attention term sums
+    over the L attention sublayers the keys T each query sees: the context, or the sliding
+    window when it is shorter (decoder self-attention).  Causal masking is not discounted.
+
+    Encoder-decoder: a "token" is one target token together with one source token -- the
+    source and target are assumed to be of equal length ``context``.  The encoder's and the
+    decoder's layers both count, and so does each decoder layer's cross-attention (T queries
+    against ``context`` source keys).
+    """
+    c = config
+    d_attn = c.n_heads * c.head_dim
+    return 6 * matmul_parameters(c) + 12 * _attention_span_sum(c, context) * d_attn
+
+
+def forward_flops_per_token(config: ModelConfig, context: int) -> int:
+    """Forward-pass FLOPs per token, one third of training: ``2·N_matmul + 4·L·T·d_attn``."""
+    return training_flops_per_token(config, context) // 3
+
+
+# ----- memory ---------------------------------------------------------------------------------
+
+
+def kv_cache_bytes_per_token(config: ModelConfig, dtype_bytes: int | str = 2) -> int:
+    """Self-attention KV cache per cached position: ``2 · L_dec · n_kv_heads · d_head · bytes``.
+
+    L_dec is the decoder's layers (all layers of a decoder-only model).  An encoder-only
+    model decodes nothing and has no cache: 0.
+    """
+    c = config
+    if c.arch == "encoder":
+        return 0
+    return 2 * c.decoder_layers * c.kv_heads * c.head_dim * dtype_size(dtype_bytes)
+
+
+def kv_cached_positions(config: ModelConfig, context: int) -> int:
+    """Positions the cache holds after ``context`` tokens: at most ``sliding_window``."""
+    _positive("context", context)
+    w = config.sliding_window
+    return context if w is None else min(context, w)
+
+
+def kv_cache_bytes(
+    config: ModelConfig, context: int, batch: int = 1, dtype_bytes: int | str = 2
+) -> int:
+    """The whole self-attention KV cache for ``batch`` sequences of ``context`` tokens --
+    what ``model.new_cache(batch, context).nbytes()`` allocates.  A sliding window caps the
+    cached positions at the window (a rolling cache)."""
+    _positive("batch", batch)
+    return (
+        kv_cache_bytes_per_token(config, dtype_bytes) * kv_cached_positions(config, context) * batch
+    )
+
+
+def cross_kv_cache_bytes(
+    config: ModelConfig, source_len: int, batch: int = 1, dtype_bytes: int | str = 2
+) -> int:
+    """An encoder-decoder's cross-attention keys and values, computed once per source
+    sentence: ``2 · L_dec · n_kv_heads · d_head · S · B · bytes``; 0 for other families."""
+    c = config
+    _positive("source_len", source_len)
+    _positive("batch", batch)
+    if c.arch != "encoder-decoder":
+        return 0
+    return (
+        2
+        * c.decoder_layers
+        * c.kv_heads
+        * c.head_dim
+        * source_len
+        * batch
+        * dtype_size(dtype_bytes)
+    )
+
+
+def attention_score_bytes(
+    config: ModelConfig, context: int, batch: int = 1, dtype_bytes: int | str = 2
+) -> int:
+    """One attention sublayer's (B, H, T, T) score matrix, ``B·H·T·T·bytes``.
+
+    The reference backend materialises it (a sliding window masks it but does not shrink
+    it); memory-efficient attention (``sdpa``, ``flash``) never does.  Training with the
+    reference backend keeps at least one such matrix per attention sublayer for backward.
+    """
+    _positive("context", context)
+    _positive("batch", batch)
+    return batch * config.n_heads * context * context * dtype_size(dtype_bytes)
+
+
+# ----- the report -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """Everything :func:`cost_report` works out for one config, context, batch and dtype."""
+
+    name: str
+    arch: str
+    context: int
+    batch: int
+    dtype: str
+    dtype_bytes: int
+    parameters: int
+    breakdown: ParameterBreakdown
+    matmul_parameters: int
+    weight_bytes: int
+    training_flops_per_token: int
+    forward_flops_per_token: int
+    training_flops_per_step: int  # one forward + backward over batch x context tokens
+    kv_cache_bytes_per_token: int
+    kv_cached_positions: int
+    kv_cache_bytes: int
+    cross_kv_cache_bytes: int
+    attention_sublayers: int
+    attention_score_bytes: int  # per sublayer, reference backend
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["breakdown"]["total"] = self.breakdown.total
+        data["notes"] = list(self.notes)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def cost_report(
+    config: ModelConfig,
+    context: int | None = None,
+    batch: int = 1,
+    dtype: str = "bf16",
+    *,
+    name: str = "custom",
+) -> CostReport:
+    """Parameters, FLOPs and memory of ``config`` at ``context`` tokens (default: max_len),
+    ``batch`` sequences, weights and activations in ``dtype``."""
+    c = config
+    context = c.max_len if context is None else _positive("context", context)
+    _positive("batch", batch)
+    size = dtype_size(dtype)
+    notes: list[str] = []
+    if context > c.max_len:
+        notes.append(f"context {context} exceeds the model's max_len={c.max_len}")
+    if c.arch == "encoder":
+        notes.append("encoder-only: no KV cache")
+    if c.arch == "encoder-decoder":
+        notes.append(
+            "encoder-decoder: a token is one source plus one target token (equal lengths);"
+            " the cross-attention K/V are for a source of `context` tokens"
+        )
+    n = parameter_count(c)
+    train = training_flops_per_token(c, context)
+    return CostReport(
+        name=name,
+        arch=c.arch,
+        context=context,
+        batch=batch,
+        dtype=dtype,
+        dtype_bytes=size,
+        parameters=n,
+        breakdown=parameter_breakdown(c),
+        matmul_parameters=matmul_parameters(c),
+        weight_bytes=n * size,
+        training_flops_per_token=train,
+        forward_flops_per_token=forward_flops_per_token(c, context),
+        training_flops_per_step=train * context * batch,
+        kv_cache_bytes_per_token=kv_cache_bytes_per_token(c, size),
+        kv_cached_positions=0 if c.arch == "encoder" else kv_cached_positions(c, context),
+        kv_cache_bytes=kv_cache_bytes(c, context, batch, size),
+        cross_kv_cache_bytes=cross_kv_cache_bytes(c, context, batch, size),
+        attention_sublayers=_attention_sublayers(c),
+        attention_score_bytes=attention_score_bytes(c, context, batch, size),
+        notes=tuple(notes),
+    )
+
+
+def _scaled(value: float, step: float, units: list[str]) -> str:
+    i = 0
+    while abs(value) >= step and i < len(units) - 1:
+        value /= step
+        i += 1
+    text = f"{value:.2f}".rstrip("0").rstrip(".")
+    return f"{text} {units[i]}"
+
+
+def format_bytes(n: int) -> str:
+    """Binary units: ``format_bytes(327680) == "320 KiB"``."""
+    return _scaled(n, 1024, ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"])
+
+
+def format_count(n: int) -> str:
+    """Parameters: ``format_count(70_553_706_496) == "70.55B"``."""
+    return _scaled(n, 1000, ["", "K", "M", "B", "T"]).replace(" ", "")
+
+
+def format_flops(n: int) -> str:
+    return _scaled(n, 1000, ["FLOPs", "KFLOPs", "MFLOPs", "GFLOPs", "TFLOPs", "PFLOPs", "EFLOPs"])
+
+
+def format_cost_report(report: CostReport) -> str:
+    r, b = report, report.breakdown
+    lines = [
+        f"{r.name} ({r.arch}): context {r.context:,}, batch {r.batch}, {r.dtype}"
+        f" ({r.dtype_bytes} bytes per element)",
+        f"  parameters           {format_count(r.parameters):>10}  ({r.parameters:,})",
+    ]
+    for part in ("embeddings", "attention", "feed_forward", "norms", "head"):
+        n = getattr(b, part)
+        lines.append(f"    {part:<18} {format_count(n):>10}  ({n:,})")
+    lines += [
+        f"  weights              {format_bytes(r.weight_bytes):>10}",
+        f"  training FLOPs/token {format_flops(r.training_flops_per_token):>10}"
+        f"  (6 x {format_count(r.matmul_parameters)} matmul parameters + attention;"
+        f" forward {format_flops(r.forward_flops_per_token)})",
+        f"  training FLOPs/step  {format_flops(r.training_flops_per_step):>10}"
+        f"  ({r.batch} x {r.context:,} tokens)",
+    ]
+    if r.arch == "encoder":
+        lines.append("  KV cache             n/a (encoder-only)")
+    else:
+        lines += [
+            f"  KV cache per token   {format_bytes(r.kv_cache_bytes_per_token):>10}"
+            f"  ({r.kv_cache_bytes_per_token:,} bytes)",
+            f"  KV cache             {format_bytes(r.kv_cache_bytes):>10}"
+            f"  ({r.kv_cached_positions:,} positions x batch {r.batch})",
+        ]
+    if r.arch == "encoder-decoder":
+        lines.append(f"  cross-attention K/V  {format_bytes(r.cross_kv_cache_bytes):>10}")
+    lines.append(
+        f"  attention scores     {format_bytes(r.attention_score_bytes):>10}  per sublayer"
+        f" (x{r.attention_sublayers}) with the reference backend; sdpa/flash avoid them"
+    )
+    lines += [f"  note: {note}" for note in r.notes]
+    return "\n".join(lines)
+
+
+def load_config(spec: str, overrides: dict[str, Any] | None = None) -> tuple[str, ModelConfig]:
+    """A preset name, a config JSON file, or a saved model's folder (its config.json) ->
+    (name, config) with ``overrides`` applied."""
+    overrides = overrides or {}
+    if spec in presets():
+        return spec, get_preset(spec, **overrides)
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.is_file():
+        config = ModelConfig.from_json(path.read_text())
+        return path.stem if path.name != "config.json" else path.parent.name, config.replace(
+            **overrides
+        )
+    raise ValueError(
+        f"{spec!r} is neither a preset ({', '.join(presets())}) nor a model config JSON file"
+    )
