@@ -12,12 +12,14 @@ Shapes: B batch, P padded prompt length, V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 
 import torch
 from torch import Tensor
 
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
+from aiayn.nn.linear import packed_for_inference
 
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
 
@@ -85,7 +87,11 @@ def stream(
     cache = model.new_cache(b, min(p + max_new_tokens, cfg.max_len))
     was_training = model.training
     model.eval()
+    packing = ExitStack()
     try:
+        # One weight layout for the whole generation: decoding steps are matrix-vector
+        # products, which oneDNN does far faster from a packed weight (aiayn/nn/linear.py).
+        packing.enter_context(packed_for_inference(model, rows=b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
         slides = p + max_new_tokens > cfg.max_len
@@ -117,6 +123,7 @@ def stream(
                 mask = None if bool(window_real.all()) else window_real
                 logits = model(window, attention_mask=mask, cache=cache)[:, -1]
     finally:
+        packing.close()
         model.train(was_training)
 
 

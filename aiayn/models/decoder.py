@@ -15,13 +15,14 @@ Shapes: B batch, T new positions, S all positions (cached + new), C = d_model, V
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from aiayn.config import ModelConfig
 from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.cache import Cache
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
+from aiayn.nn.linear import Linear
 from aiayn.nn.masks import key_padding_to_attention
 from aiayn.nn.moe import RouterStats
 
@@ -41,7 +42,7 @@ class DecoderLM(TransformerModel):
             dropout=c.dropout,
         )
         self.decoder = Stack(c, c.n_layers)
-        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.head = Linear(c.d_model, c.vocab_size, bias=False)
         self.init_weights()
         if c.tie_embeddings:
             self.head.weight = self.embed.token.weight

@@ -16,6 +16,7 @@ from aiayn.config import ModelConfig
 from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
+from aiayn.nn.linear import Linear
 from aiayn.nn.masks import key_padding_to_attention
 from aiayn.nn.moe import RouterStats
 from aiayn.nn.norms import build_norm
@@ -25,9 +26,9 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
-        self.dense = nn.Linear(c.d_model, c.d_model)
+        self.dense = Linear(c.d_model, c.d_model)
         self.norm = build_norm(c.norm, c.d_model, c.norm_eps)
-        self.proj = nn.Linear(c.d_model, c.vocab_size, bias=True)
+        self.proj = Linear(c.d_model, c.vocab_size, bias=True)
         self.tanh_gelu = c.activation == "gelu_tanh"
 
     def forward(self, x: Tensor) -> Tensor:

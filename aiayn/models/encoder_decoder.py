@@ -21,6 +21,7 @@ from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.cache import Cache
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
+from aiayn.nn.linear import Linear
 from aiayn.nn.masks import key_padding_to_attention
 from aiayn.nn.moe import RouterStats
 
@@ -47,7 +48,7 @@ class EncoderDecoder(TransformerModel):
         self.tgt_embed = embeddings(c.vocab_size)
         self.encoder = Stack(c, c.n_layers)
         self.decoder = Stack(c, c.decoder_layers, cross=True)
-        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.head = Linear(c.d_model, c.vocab_size, bias=False)
         self.init_weights()
         if c.tie_embeddings:  # three-way tying, §3.4
             self.tgt_embed.token = self.src_embed.token

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Activation
+from aiayn.nn.linear import Linear
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -36,8 +37,8 @@ class FeedForward(nn.Module):
             raise ValueError("use GatedFeedForward for activation='swiglu'")
         self.activation = activation
         self.act = _ACTIVATIONS[activation]
-        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w1 = Linear(d_model, d_ff, bias=bias)
+        self.w2 = Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.act(self.w1(x)))  # (B, T, F) -> (B, T, D)
@@ -49,8 +50,8 @@ class GatedFeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
         super().__init__()
         self.d_ff = d_ff
-        self.w13 = nn.Linear(d_model, 2 * d_ff, bias=bias)  # [W1; W3]
-        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w13 = Linear(d_model, 2 * d_ff, bias=bias)  # [W1; W3]
+        self.w2 = Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w13(x).split(self.d_ff, dim=-1)  # (B, T, F) each

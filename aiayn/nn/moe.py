@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from aiayn.config import Activation
 from aiayn.nn.feedforward import build_feedforward
+from aiayn.nn.linear import Linear
 
 
 @dataclass
@@ -74,7 +75,7 @@ class MixtureOfExperts(nn.Module):
         if capacity_factor is not None and capacity_factor <= 0:
             raise ValueError(f"capacity_factor={capacity_factor} must be > 0 or None")
         self.n_experts, self.top_k, self.capacity_factor = n_experts, top_k, capacity_factor
-        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.router = Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(
             build_feedforward(d_model, d_ff, activation, bias) for _ in range(n_experts)
         )

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.cache import KVCache
+from aiayn.nn.linear import Linear
 from aiayn.nn.positions import apply_rotary
 
 Rotary = tuple[Tensor, Tensor]
@@ -54,11 +55,11 @@ class MultiHeadAttention(nn.Module):
         self.backend = backend
         q_dim, kv_dim = n_heads * d_head, n_kv_heads * d_head
         if cross:
-            self.q = nn.Linear(d_model, q_dim, bias=bias)
-            self.kv = nn.Linear(d_model, 2 * kv_dim, bias=bias)
+            self.q = Linear(d_model, q_dim, bias=bias)
+            self.kv = Linear(d_model, 2 * kv_dim, bias=bias)
         else:
-            self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
-        self.out = nn.Linear(q_dim, d_model, bias=bias)  # W^O
+            self.qkv = Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
+        self.out = Linear(q_dim, d_model, bias=bias)  # W^O
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         return x.unflatten(-1, (n, self.d_head)).transpose(1, 2)  # (B, T, n*D) -> (B, n, T, D)

@@ -1,0 +1,97 @@
+"""The linear layer every projection of the model uses: ``y = x W^T + b``.
+
+On CPU in fp32, PyTorch's ``F.linear`` runs through MKL, which on some processors (AMD's
+AVX-512 parts among them) leaves half the machine's matrix throughput unused.  PyTorch also
+ships oneDNN (``torch.ops.mkldnn``), which does not.  This layer sends the three matrix
+products of a linear layer -- forward ``x W^T``, and backward ``dY W`` and ``dY^T x`` -- to
+oneDNN when that helps, and to ``F.linear`` everywhere else (GPUs, other dtypes, autocast,
+tiny inputs).  Same maths, same parameters, same ``state_dict`` as ``torch.nn.Linear``; the
+results agree to fp32 rounding (tests/nn/test_linear.py), and ``benchmarks/`` measures the
+speed against the plain path in the same run.
+
+For decoding (one or a few rows per step) oneDNN wants the weight pre-arranged ("packed")
+once; :func:`packed_for_inference` does that for the duration of a ``with`` block, and
+generation uses it.
+
+Shapes: N rows (all leading dimensions flattened), I in features, O out features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+MIN_ROWS = 16  # below this, oneDNN without a packed weight is slower than F.linear
+
+
+def _onednn(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _onednn(x, w, b)  # (N, O)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, w = ctx.saved_tensors
+        grad = grad.contiguous()
+        dx = _onednn(grad, w.t(), None) if ctx.needs_input_grad[0] else None  # (N, I) = dY W
+        dw = _onednn(grad.t(), x.t(), None) if ctx.needs_input_grad[1] else None  # (O, I)
+        db = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+def _fast_path(x: Tensor, w: Tensor) -> bool:
+    return (
+        _ONEDNN
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and w.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+class Linear(nn.Linear):
+    """``torch.nn.Linear`` with the oneDNN fast path on CPU (see the module docstring)."""
+
+    packed: Tensor | None = None  # set inside packed_for_inference()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not _fast_path(x, self.weight) or torch.jit.is_scripting():
+            return F.linear(x, self.weight, self.bias)
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if self.packed is not None and not torch.is_grad_enabled():
+            return _onednn(x, self.packed, self.bias)
+        if rows < MIN_ROWS or torch.compiler.is_compiling():
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, x.shape[-1])  # (N, I)
+        out = _OneDNNLinear.apply(flat, self.weight, self.bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+@contextmanager
+def packed_for_inference(model: nn.Module, rows: int = 1) -> Iterator[None]:
+    """Within the block, every :class:`Linear` of ``model`` running without gradients uses a
+    weight packed once for oneDNN (``rows`` is a hint of the rows per call).  The packed copy
+    costs as much memory as the weights; it is released on exit."""
+    layers = [
+        m for m in model.modules() if isinstance(m, Linear) and _fast_path(m.weight, m.weight)
+    ]
+    try:
+        with torch.no_grad():
+            for m in layers:
+                m.packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
+        yield
+    finally:
+        for m in layers:
+            m.packed = None

@@ -1,0 +1,63 @@
+"""The Linear layer's oneDNN path equals F.linear: forward, gradients, packed inference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.nn.linear import MIN_ROWS, Linear, packed_for_inference
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(64, 24), (3, 20, 24), (MIN_ROWS - 1, 24)])
+def test_forward_and_gradients_equal_f_linear(bias: bool, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    layer = Linear(24, 40, bias=bias)
+    x = torch.randn(*shape, requires_grad=True)
+    out = layer(x)
+    ref_x = x.detach().clone().requires_grad_(True)
+    w = layer.weight.detach().clone().requires_grad_(True)
+    b = layer.bias.detach().clone().requires_grad_(True) if bias else None
+    ref = F.linear(ref_x, w, b)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    probe = torch.randn_like(ref)
+    (out * probe).sum().backward()
+    (ref * probe).sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, w.grad, atol=1e-4, rtol=1e-5)
+    if bias:
+        torch.testing.assert_close(layer.bias.grad, b.grad, atol=1e-4, rtol=1e-5)
+
+
+def test_is_a_drop_in_torch_linear() -> None:
+    layer = Linear(8, 4)
+    assert isinstance(layer, torch.nn.Linear)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+
+
+def test_other_dtypes_and_autocast_take_the_plain_path() -> None:
+    layer = Linear(16, 8).double()
+    x = torch.randn(32, 16, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    layer32 = Linear(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer32(torch.randn(32, 16)).dtype == torch.bfloat16
+
+
+def test_packed_inference_equals_and_is_released() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Linear(32, 64), torch.nn.ReLU(), Linear(64, 16))
+    x1, x8 = torch.randn(1, 32), torch.randn(8, 5, 32)
+    with torch.no_grad():
+        expected1, expected8 = model(x1), model(x8)
+        with packed_for_inference(model):
+            assert all(m.packed is not None for m in model if isinstance(m, Linear))
+            torch.testing.assert_close(model(x1), expected1, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(model(x8), expected8, atol=1e-5, rtol=1e-5)
+    assert all(m.packed is None for m in model if isinstance(m, Linear))
+    # With gradients enabled the packed copy is never used (it would not be trained).
+    with packed_for_inference(model):
+        out = model(x8)
+        out.sum().backward()
+    assert model[0].weight.grad is not None
