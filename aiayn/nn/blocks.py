@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
@@ -68,12 +69,16 @@ class Block(nn.Module):
                 capacity_factor=c.expert_capacity_factor,
             )
         self.norm2 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = c.dropout  # on each sublayer's output, before the residual add (§5.4)
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre_norm:
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+            return x + self._drop(sublayer(norm(x)))
+        return norm(x + self._drop(sublayer(x)))
+
+    def _drop(self, h: Tensor) -> Tensor:
+        # F.dropout, skipped outright in evaluation: decoding calls this twice per layer per token.
+        return F.dropout(h, self.dropout) if self.training and self.dropout > 0 else h
 
     def forward(
         self,
