@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from aiayn.config import presets
-from aiayn.data.bpe import BOS, EOS, train_bpe
-from aiayn.data.char import Tokenizer
-from aiayn.data.files import data_dir, read_lines
+from aiayn.data.char import BPETokenizer, Tokenizer
+from aiayn.data.files import data_dir
+from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
 from aiayn.models import DecoderLM, EncoderDecoder, build_model
 
@@ -67,71 +67,109 @@ def cmd_calc(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Build the paper's model and run it on a real Multi30k sentence."""
-    torch.manual_seed(args.seed)
-    root = data_dir(args.data) / "multi30k"
-    print(f"data: {root}")
-    t0 = time.perf_counter()
-    de = read_lines(root / "train.de.gz")
-    en = read_lines(root / "train.en.gz")
-    tokenizer = train_bpe(de + en, vocab_size=args.vocab_size)
-    print(
-        f"shared BPE vocabulary (§5.1) of {tokenizer.get_vocab_size():,} tokens trained on"
-        f" {len(de):,} German-English pairs in {time.perf_counter() - t0:.1f}s"
-    )
-    with torch.device("meta"):
-        paper = build_model("paper-base")
-    print(
-        f"paper-base with the paper's 37,000-token vocabulary: {paper.num_parameters():,} parameters"
-    )
+    """The main job: train the paper's model on Multi30k for a few minutes, translate, score."""
+    from aiayn.data.parallel import multi30k
+    from aiayn.evaluate.translation import score, translate
+    from aiayn.train.config import load_run_config
+    from aiayn.train.translate import train_translation
 
-    model = build_model("paper-base", vocab_size=tokenizer.get_vocab_size()).eval()
-    assert isinstance(model, EncoderDecoder)
+    root = data_dir(args.data)
+    run = load_run_config(
+        args.config,
+        {"train.max_minutes": args.minutes, "train.keep_snapshots": 0, "train.eval_interval": 250},
+    )
+    print(f"training {args.config} on {root / 'multi30k'} for at most {args.minutes} minutes")
+    result = train_translation(run, args.out, root)
+    model, tokenizer = _load_translator(result["checkpoint"])
     print(summarize(model))
-
-    source = read_lines(root / "test_2016_flickr.de.gz")[0]
-    reference = read_lines(root / "test_2016_flickr.en.gz")[0]
-    src_ids = [*tokenizer.encode(source).ids, EOS]
-    tgt_ids = [BOS, *tokenizer.encode(reference).ids]
-    print(f"\nsource    : {source}\n  {len(src_ids)} tokens: {tokenizer.encode(source).tokens}")
-    print(f"reference : {reference}\n  {len(tgt_ids)} tokens (with <s>)")
-    src, tgt = torch.tensor([src_ids]), torch.tensor([tgt_ids])
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        logits, weights = model.forward_with_weights(src, tgt)
-        elapsed = time.perf_counter() - t0
-    probs = logits.softmax(-1)
-    nll = -probs[0, :-1].gather(-1, tgt[0, 1:, None]).log().mean()
     print(
-        f"\nforward pass: logits {tuple(logits.shape)} in {elapsed * 1000:.0f} ms;"
-        f" encoder self-attention {tuple(weights['encoder'][0].shape)},"
-        f" decoder self-attention {tuple(weights['decoder'][0].shape)},"
-        f" cross-attention {tuple(weights['cross'][0].shape)}"
+        f"trained {result['history'][-1]['step']} steps in {result['seconds'] / 60:.1f} min,"
+        f" {result['tokens_per_s']:,.0f} target tokens/s; validation loss {result['val_loss']:.3f}"
     )
+    test = multi30k(
+        root / "multi30k", "test_2016_flickr", run.data.source_lang, run.data.target_lang
+    )
+    test = test[: args.sentences]
+    hyps = translate(model, tokenizer, [p.source for p in test], beam=BeamConfig())
+    for pair, hyp in list(zip(test, hyps, strict=True))[:5]:
+        print(f"\n  source     {pair.source}\n  reference  {pair.target}\n  aiayn      {hyp}")
     print(
-        f"untrained: mean -log p(reference) = {nll.item():.2f} nats per token"
-        f" (uniform would be ln {tokenizer.get_vocab_size()} = {torch.log(torch.tensor(float(tokenizer.get_vocab_size()))).item():.2f})"
+        f"\ntest_2016_flickr, first {len(test)} sentences, beam 4: {score(hyps, [p.target for p in test])}"
     )
-    cross = weights["cross"][-1][0].mean(0)  # (T, S), averaged over heads
-    print(
-        "  (worse than uniform: with tied embeddings an untrained model mostly predicts the"
-        " token it was given; training fixes that)"
-    )
-    print(f"last layer cross-attention, rows sum to {cross.sum(-1).mean().item():.3f}")
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import os
+
+    import torch.distributed as dist
+
     from aiayn.train.config import load_run_config
     from aiayn.train.lm import train_lm
+    from aiayn.train.translate import train_translation
 
     run = load_run_config(args.config, _overrides(args.set))
-    if run.model.arch != "decoder":
-        raise ValueError(
-            f"aiayn train runs decoder-only configs for now, got arch={run.model.arch!r}"
-        )
-    result = train_lm(run, args.out, data_dir(args.data), resume=args.resume)
-    print(f"validation loss {result['val_loss']:.4f} nats/token; checkpoint {result['checkpoint']}")
+    trainers = {"decoder": train_lm, "encoder-decoder": train_translation}
+    if run.model.arch not in trainers:
+        raise ValueError(f"aiayn train has no task for arch={run.model.arch!r} yet")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # torchrun
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        result = trainers[run.model.arch](run, args.out, data_dir(args.data), resume=args.resume)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    print(
+        f"validation loss {result['val_loss']:.4f} nats/token; {result['tokens_per_s']:,.0f}"
+        f" tokens/s; checkpoint {result['checkpoint']}"
+    )
+    return 0
+
+
+def _beam(args: argparse.Namespace) -> BeamConfig | None:
+    if args.greedy:
+        return None
+    return BeamConfig(beam_size=args.beam, length_penalty=args.alpha, max_extra=args.max_extra)
+
+
+def _load_translator(path: str) -> tuple[EncoderDecoder, BPETokenizer]:
+    from aiayn.train.state import load_checkpoint
+
+    model, tokenizer, _, _ = load_checkpoint(Path(path))
+    if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):
+        raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
+    return model.eval(), tokenizer
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from aiayn.evaluate.translation import translate
+
+    model, tokenizer = _load_translator(args.checkpoint)
+    text_in = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
+    lines = text_in.splitlines()
+    out = translate(
+        model,
+        tokenizer,
+        lines,
+        beam=_beam(args),
+        batch_size=args.batch_size,
+        truncate=args.truncate,
+    )
+    text = "".join(f"{line}\n" for line in out)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from aiayn.checkpoint import save
+    from aiayn.train.average import average_checkpoints
+
+    model = average_checkpoints(args.checkpoints)
+    save(model, args.out)
+    print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 
 
@@ -191,6 +229,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     model, tokenizer, run, _ = load_checkpoint(Path(args.checkpoint))
     data = run.get("data", {})
+    if isinstance(model, EncoderDecoder):
+        return _evaluate_translation(args, model, tokenizer, data)
     text = args.text or data.get("text")
     if not text:
         raise ValueError("no text to evaluate on: pass --text FILE")
@@ -204,6 +244,35 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if chars_per_token == 1.0:
         print(f"bits per character {loss / math.log(2):.4f}")
     return 0
+
+
+def _evaluate_translation(
+    args: argparse.Namespace, model: EncoderDecoder, tokenizer: object, data: dict[str, object]
+) -> int:
+    from aiayn.data.parallel import multi30k
+    from aiayn.evaluate.translation import evaluate_translation
+
+    if not isinstance(tokenizer, BPETokenizer):
+        raise ValueError("a translation checkpoint needs a BPE tokenizer")
+    src_lang, tgt_lang = str(data.get("source_lang", "de")), str(data.get("target_lang", "en"))
+    pairs = multi30k(data_dir(args.data) / "multi30k", args.split, src_lang, tgt_lang)
+    if args.limit:
+        pairs = pairs[: args.limit]
+    sources, refs = [p.source for p in pairs], [p.target for p in pairs]
+    t0 = time.perf_counter()
+    scores, _ = evaluate_translation(model.eval(), tokenizer, sources, refs, beam=_beam(args))
+    seconds = time.perf_counter() - t0
+    mode = "greedy" if args.greedy else f"beam {args.beam}, alpha {args.alpha}"
+    print(f"{args.split} {src_lang}->{tgt_lang}, {len(pairs)} sentences, {mode}: {scores}")
+    print(f"decoding: {seconds:.1f} s, {len(pairs) / seconds:.1f} sentences/s")
+    return 0
+
+
+def _add_decoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=int, default=4, help="beam size (§6.1: 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (§6.1: 0.6)")
+    p.add_argument("--max-extra", type=int, default=50, help="output length <= input + this")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,12 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_calc)
 
-    p = sub.add_parser("demo", help="build the paper's model and run it on a Multi30k sentence")
+    p = sub.add_parser("demo", help="train on Multi30k for a few minutes, translate, print BLEU")
     p.add_argument(
         "--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)"
     )
-    p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", default="configs/multi30k_de_en.toml")
+    p.add_argument("--minutes", type=float, default=4.0, help="training budget")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--sentences", type=int, default=200, help="test sentences to score")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a model from a TOML config (see configs/)")
@@ -274,7 +345,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--block", type=int, default=None)
+    p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (translation)")
+    p.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    _add_decoding(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("translate", help="translate lines (stdin -> stdout, or files)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--input", default=None, help="file to translate (default: stdin)")
+    p.add_argument("--output", default=None, help="where to write (default: stdout)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--truncate", action="store_true", help="cut over-long lines instead of failing")
+    _add_decoding(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("average", help="average model checkpoints (§6.1)")
+    p.add_argument("checkpoints", nargs="+", help="model folders with one config")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_average)
     return parser
 
 

@@ -9,7 +9,9 @@
 3. Generation: tokens/s for 256 new tokens after a 32-token prompt, batch 1 and 8, against HF
    ``generate`` with its cache, using identical weights; time per token at the start and end.
 
-MFU uses the PaLM count: 6·N + 12·L·T·d FLOPs per token for training (N = parameters in the
+MFU is given against both matmul rates measured in the run: torch.mm's (MKL, what the issue's
+baseline measured) and oneDNN's (what aiayn's Linear uses on CPU; on AMD processors it is about
+twice MKL's).  It uses the PaLM count: 6·N + 12·L·T·d FLOPs per token for training (N = parameters in the
 matrices, output projection included), 2·N + 4·L·S·d per generated token.
 Peers are optional: a missing package is reported and skipped.
 """
@@ -49,9 +51,17 @@ def median_time(fn: Any, repeat: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def matmul_rate() -> float:
+def matmul_rates() -> tuple[float, float]:
+    """GFLOP/s of a 2048³ fp32 product through torch.mm (MKL) and through oneDNN."""
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    return 2 * 2048**3 / median_time(lambda: a @ b, 5) / 1e9  # GFLOP/s
+    mm = 2 * 2048**3 / median_time(lambda: a @ b, 5) / 1e9
+    onednn = (
+        2
+        * 2048**3
+        / median_time(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""), 5)
+        / 1e9
+    )
+    return mm, onednn
 
 
 def read_bandwidth() -> float:
@@ -137,13 +147,18 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     repeat = 3 if args.quick else 10
     results: dict[str, Any] = {"threads": args.threads, "torch": torch.__version__}
-    rate = matmul_rate()
+    rate, onednn_rate = matmul_rates()
     bw = read_bandwidth()
-    results["matmul_gflops"], results["read_gb_s"] = rate, bw
-    print(f"fp32 matmul {rate:.0f} GFLOP/s, memory read {bw:.1f} GB/s, {args.threads} threads\n")
+    results["matmul_gflops"], results["onednn_gflops"], results["read_gb_s"] = rate, onednn_rate, bw
+    print(
+        f"fp32 matmul: torch.mm {rate:.0f} GFLOP/s, oneDNN {onednn_rate:.0f} GFLOP/s;"
+        f" memory read {bw:.1f} GB/s; {args.threads} threads\n"
+    )
 
     peers = {"aiayn": ours, "hf-gpt2-sdpa": hf_gpt2, "x-transformers": x_transformers}
-    print(f"{'training':<14}{'model':<16}{'ms/iter':>9}{'MFU':>8}{'vs aiayn':>10}")
+    print(
+        f"{'training':<14}{'model':<16}{'ms/iter':>9}{'MFU(mm)':>9}{'MFU(oneDNN)':>12}{'vs aiayn':>10}"
+    )
     results["train"] = {}
     for shape, s in SHAPES.items():
         row: dict[str, Any] = {}
@@ -154,10 +169,13 @@ def main() -> int:
                 print(f"{shape:<14}{name:<16} skipped: {err}")
                 continue
             mfu = train_flops(s) / sec / (rate * 1e9)
-            row[name] = {"ms_per_iter": sec * 1e3, "mfu": mfu}
+            mfu_onednn = train_flops(s) / sec / (onednn_rate * 1e9)
+            row[name] = {"ms_per_iter": sec * 1e3, "mfu": mfu, "mfu_onednn": mfu_onednn}
         for name, r in row.items():
             ratio = r["ms_per_iter"] / row["aiayn"]["ms_per_iter"]
-            print(f"{shape:<14}{name:<16}{r['ms_per_iter']:>9.1f}{r['mfu']:>8.1%}{ratio:>9.2f}x")
+            print(
+                f"{shape:<14}{name:<16}{r['ms_per_iter']:>9.1f}{r['mfu']:>9.1%}{r['mfu_onednn']:>12.1%}{ratio:>9.2f}x"
+            )
         results["train"][shape] = row
 
     print(

@@ -53,9 +53,13 @@ class BPETokenizer:
 
     @classmethod
     def from_text(cls, text: str, vocab_size: int) -> BPETokenizer:
+        return cls.from_lines(text.splitlines(keepends=True), vocab_size)
+
+    @classmethod
+    def from_lines(cls, lines: list[str], vocab_size: int) -> BPETokenizer:
         from aiayn.data.bpe import train_bpe
 
-        return cls(train_bpe(text.splitlines(keepends=True), vocab_size=vocab_size))
+        return cls(train_bpe(lines, vocab_size=vocab_size))
 
     @property
     def vocab_size(self) -> int:

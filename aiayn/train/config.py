@@ -37,6 +37,12 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     compile: bool = False
     threads: int | None = None
+    schedule: Literal["cosine", "paper"] = "cosine"  # "paper": Eq. (3) of §5.3, lr = its factor
+    adam_eps: float = 1e-8
+    label_smoothing: float = 0.0  # §5.4: 0.1
+    max_tokens: int | None = None  # token-count batches (per side, padding included)
+    keep_snapshots: int = 0  # model snapshots kept for checkpoint averaging
+    max_minutes: float | None = None  # wall-clock budget: checkpoint and stop when spent
     moe_aux_weight: float = 0.01  # weight of the MoE load-balancing loss (Switch: 0.01)
 
     def __post_init__(self) -> None:
@@ -62,16 +68,38 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.dtype={self.dtype!r} is invalid: expected 'float32' or 'bfloat16'"
             )
+        if self.schedule not in ("cosine", "paper"):
+            raise ValueError(
+                f"TrainConfig.schedule={self.schedule!r} is invalid: expected 'cosine' or 'paper'"
+            )
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(
+                f"TrainConfig.label_smoothing={self.label_smoothing} must be in [0, 1)"
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"TrainConfig.max_tokens={self.max_tokens} must be a positive integer")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"TrainConfig.grad_clip={self.grad_clip} must be > 0 or absent")
 
 
 @dataclass(frozen=True)
 class DataConfig:
+    """Where the data is (paths relative to the data folder) and how to tokenize it.
+
+    Language models read ``text``.  Translation reads Multi30k (``source_lang`` ->
+    ``target_lang``) unless ``train_source`` etc. name line-aligned files of your own.
+    """
+
     text: str = "tinyshakespeare/input.txt"
     tokenizer: Literal["char", "bpe"] = "char"
     bpe_vocab_size: int = 4096
     train_fraction: float = 0.9
+    source_lang: str = "de"
+    target_lang: str = "en"
+    train_source: str | None = None
+    train_target: str | None = None
+    valid_source: str | None = None
+    valid_target: str | None = None
 
 
 @dataclass(frozen=True)

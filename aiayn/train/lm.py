@@ -1,39 +1,32 @@
-"""Training a decoder-only language model: the modern recipe.
+"""Training a decoder-only language model: the modern recipe, on the shared loop.
 
 AdamW with decay on matrices only, linear warm-up then cosine decay, gradient clipping,
-optional bf16 autocast and ``torch.compile``; validation loss at intervals; a resumable
-checkpoint at intervals and at the end (see aiayn/train/state.py); a CSV log of every logged
-value.  A resumed run continues with the same batches, dropout masks and learning rates as
-an uninterrupted one.
+optional bf16 autocast and ``torch.compile`` (see aiayn/train/loop.py for the loop itself,
+its checkpoints and its multi-process behaviour).
 """
 
 from __future__ import annotations
 
-import csv
-import math
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from aiayn.data.char import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
-from aiayn.models import DecoderLM, build_model
+from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
+from aiayn.train.loop import CHECKPOINT, fit
 from aiayn.train.optim import build_adamw
 from aiayn.train.schedule import cosine_schedule
-from aiayn.train.state import TrainState, load_checkpoint, save_checkpoint
-
-CHECKPOINT = "checkpoint"
+from aiayn.train.state import TrainState, load_checkpoint
 
 
 def lm_loss(
-    model: DecoderLM, x: torch.Tensor, y: torch.Tensor, aux: list[RouterStats] | None = None
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, aux: list[RouterStats] | None = None
 ) -> torch.Tensor:
     """Next-token cross entropy (nats per token); MoE router statistics go to ``aux``."""
     logits = model(x, aux=aux)  # (B, T, V)
@@ -59,6 +52,46 @@ def evaluate_lm(
     ]
     model.train(was)
     return sum(losses) / len(losses)
+
+
+class LMTask:
+    """Random contiguous windows of one token stream (nanoGPT's sampling)."""
+
+    def __init__(
+        self, stream: TokenStream, *, batch_size: int, block: int, eval_batches: int
+    ) -> None:
+        self.stream, self.batch_size, self.block, self.eval_batches = (
+            stream,
+            batch_size,
+            block,
+            eval_batches,
+        )
+
+    def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
+        every = [self.stream.batch("train", self.batch_size, self.block) for _ in range(n * world)]
+        return every[rank * n : (rank + 1) * n]
+
+    def loss(
+        self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
+    ) -> tuple[torch.Tensor, int]:
+        x, y = batch
+        return lm_loss(model, x, y, aux), y.numel()
+
+    def evaluate(self, model: TransformerModel) -> float:
+        assert isinstance(model, DecoderLM)
+        return evaluate_lm(
+            model,
+            self.stream,
+            batches=self.eval_batches,
+            batch_size=self.batch_size,
+            block=self.block,
+        )
+
+    def data_state(self) -> dict[str, Any]:
+        return {"rng": self.stream.generator.get_state()}
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.stream.generator.set_state(state["rng"])
 
 
 def _tokenizer(run: RunConfig, text: str) -> Tokenizer:
@@ -103,105 +136,24 @@ def train_lm(
     stream = TokenStream.from_file(
         data_root / run.data.text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
     )
+    task = LMTask(
+        stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches
+    )
     optimizer = build_adamw(
-        model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2)
+        model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
     )
-    start, history = 0, []
-    if state is not None:
-        optimizer.load_state_dict(state.optimizer)
-        torch.set_rng_state(state.torch_rng)
-        stream.generator.set_state(state.data_rng)
-        start, history = state.step, state.history
-    model.train()
-    step_fn = torch.compile(model) if tc.compile else model
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
-    run_dict = run.to_dict() | {"model": model.config.to_dict()}
-
-    def checkpoint(step: int) -> None:
-        save_checkpoint(
-            ckpt,
-            model,
-            tokenizer,
-            run_dict,
-            TrainState(
-                step,
-                optimizer.state_dict(),
-                torch.get_rng_state(),
-                stream.generator.get_state(),
-                history,
-            ),
-        )
-
-    log_path = out / "log.csv"
-    log = open(log_path, "a", newline="")  # noqa: SIM115
-    writer = csv.writer(log)
-    if log_path.stat().st_size == 0:
-        writer.writerow(["step", "loss", "lr", "val_loss", "tokens_per_s"])
-    end = tc.max_steps if stop_after is None else min(tc.max_steps, stop_after)
-    bar = tqdm(
-        range(start, end),
-        initial=start,
-        total=tc.max_steps,
-        disable=not progress,
-        dynamic_ncols=True,
+    return fit(
+        model,
+        task,
+        tc,
+        out,
+        tokenizer=tokenizer,
+        run_dict=run.to_dict() | {"model": model.config.to_dict()},
+        optimizer=optimizer,
+        schedule=lambda step: cosine_schedule(
+            step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
+        ),
+        state=state,
+        stop_after=stop_after,
+        progress=progress,
     )
-    tokens_per_step = tc.batch_size * tc.block_size * tc.grad_accum
-    t0 = time.perf_counter()
-    val = float("nan")
-    try:
-        for step in bar:
-            lr = cosine_schedule(
-                step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            total = 0.0
-            for _ in range(tc.grad_accum):
-                x, y = stream.batch("train", tc.batch_size, tc.block_size)
-                aux: list[RouterStats] = []
-                with autocast:
-                    loss = lm_loss(step_fn, x, y, aux) / tc.grad_accum  # type: ignore[arg-type]
-                objective = loss
-                if aux:  # mixture of experts: add the load-balancing loss (mean over layers)
-                    balance = torch.stack([s.aux_loss for s in aux]).mean()
-                    objective = loss + tc.moe_aux_weight * balance / tc.grad_accum
-                objective.backward()
-                total += loss.item()
-            if not math.isfinite(total):
-                raise FloatingPointError(
-                    f"loss became {total} at step {step + 1}; lower the learning rate"
-                )
-            if tc.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            speed = tokens_per_step * (done - start) / (time.perf_counter() - t0)
-            record: dict[str, float] = {"step": done, "loss": total, "lr": lr}
-            if done % tc.eval_interval == 0 or done == tc.max_steps:
-                val = evaluate_lm(
-                    model,
-                    stream,
-                    batches=tc.eval_batches,
-                    batch_size=tc.batch_size,
-                    block=tc.block_size,
-                )
-                record["val_loss"] = val
-            history.append(record)
-            writer.writerow(
-                [done, f"{total:.5f}", f"{lr:.3e}", f"{record.get('val_loss', '')}", f"{speed:.0f}"]
-            )
-            bar.set_postfix(
-                loss=f"{total:.3f}", val=f"{val:.3f}", lr=f"{lr:.1e}", tok_s=f"{speed:,.0f}"
-            )
-            if done % tc.checkpoint_interval == 0 or done == end:
-                checkpoint(done)
-    finally:
-        log.close()
-        bar.close()
-    return {
-        "history": history,
-        "val_loss": val,
-        "checkpoint": str(ckpt),
-        "seconds": time.perf_counter() - t0,
-    }

@@ -34,7 +34,7 @@ class TrainState:
     step: int
     optimizer: dict[str, Any]
     torch_rng: torch.Tensor
-    data_rng: torch.Tensor
+    data: dict[str, Any]  # the task's data position (generator states, epoch, batch index)
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -54,7 +54,7 @@ def save_checkpoint(
                 "step": state.step,
                 "optimizer": state.optimizer,
                 "torch_rng": state.torch_rng,
-                "data_rng": state.data_rng,
+                "data": state.data,
                 "history": state.history,
             },
             tmp / STATE_FILE,
@@ -80,7 +80,7 @@ def load_checkpoint(
         try:
             raw = torch.load(state_path, weights_only=True)
             state = TrainState(
-                raw["step"], raw["optimizer"], raw["torch_rng"], raw["data_rng"], raw["history"]
+                raw["step"], raw["optimizer"], raw["torch_rng"], raw["data"], raw["history"]
             )
         except Exception as err:
             raise ValueError(f"corrupt training state {state_path}: {err}") from err

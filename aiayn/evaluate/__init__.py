@@ -1,0 +1,1 @@
+"""Evaluation: translation quality (sacreBLEU, chrF) and language-model loss."""

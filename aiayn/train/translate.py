@@ -1,0 +1,210 @@
+"""Training the encoder-decoder on parallel text: the paper's recipe (§5), on the shared loop.
+
+Token-count batches (§5.1), label-smoothed cross entropy (ε = 0.1, §5.4), Adam with
+β1 = 0.9, β2 = 0.98, ε = 1e-9 and the warm-up schedule of Eq. (3) (§5.3), dropout 0.1 --
+all set in the TOML config (configs/multi30k_de_en.toml).  A shared byte-level BPE vocabulary
+(§5.1) is trained on both sides of the training data and saved with every checkpoint.
+
+Shapes: B sentences, S source length, T target length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from aiayn.data.batching import pad, token_batches
+from aiayn.data.bpe import BOS, EOS, PAD
+from aiayn.data.char import BPETokenizer
+from aiayn.data.parallel import Pair, multi30k, read_parallel
+from aiayn.models import EncoderDecoder, TransformerModel, build_model
+from aiayn.nn.moe import RouterStats
+from aiayn.train.config import RunConfig
+from aiayn.train.loop import CHECKPOINT, fit
+from aiayn.train.optim import build_adamw
+from aiayn.train.schedule import cosine_schedule, paper_schedule
+from aiayn.train.state import TrainState, load_checkpoint
+
+Example = tuple[list[int], list[int]]  # source ids + EOS; BOS + target ids + EOS
+
+
+def encode_pairs(pairs: list[Pair], tokenizer: BPETokenizer) -> list[Example]:
+    return [
+        ([*tokenizer.encode(p.source), EOS], [BOS, *tokenizer.encode(p.target), EOS]) for p in pairs
+    ]
+
+
+def load_pairs(run: RunConfig, data_root: Path, split: str) -> list[Pair]:
+    d = run.data
+    if split == "train" and d.train_source and d.train_target:
+        return read_parallel(data_root / d.train_source, data_root / d.train_target)
+    if split == "val" and d.valid_source and d.valid_target:
+        return read_parallel(data_root / d.valid_source, data_root / d.valid_target)
+    return multi30k(data_root / "multi30k", split, d.source_lang, d.target_lang)
+
+
+def collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, S) source, (B, T) decoder input (BOS ...), (B, T) decoder target (... EOS)."""
+    src = pad([e[0] for e in examples], PAD)
+    tgt = pad([e[1] for e in examples], PAD)
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+class TranslationTask:
+    """Epochs of shuffled token-count batches; the data position is (epoch, batch index)."""
+
+    def __init__(
+        self,
+        train: list[Example],
+        valid: list[Example],
+        *,
+        max_tokens: int,
+        label_smoothing: float,
+        seed: int,
+    ) -> None:
+        if not train:
+            raise ValueError("no training pairs")
+        self.train, self.valid = train, valid
+        self.lengths = [(len(s), len(t) - 1) for s, t in train]
+        self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
+        self.epoch, self.index = 0, 0
+        self.batches = token_batches(self.lengths, max_tokens, seed=seed, epoch=0)
+        valid_lengths = [(len(s), len(t) - 1) for s, t in valid]
+        self.valid_batches = (
+            token_batches(valid_lengths, max_tokens, shuffle=False) if valid else []
+        )
+
+    def _next(self) -> list[int]:
+        if self.index >= len(self.batches):
+            self.epoch, self.index = self.epoch + 1, 0
+            self.batches = token_batches(
+                self.lengths, self.max_tokens, seed=self.seed, epoch=self.epoch
+            )
+        self.index += 1
+        return self.batches[self.index - 1]
+
+    def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
+        every = [self._next() for _ in range(n * world)]
+        return [collate([self.train[i] for i in b]) for b in every[rank * n : (rank + 1) * n]]
+
+    def loss(
+        self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
+    ) -> tuple[torch.Tensor, int]:
+        src, tgt_in, tgt_out = batch
+        logits = model(src, tgt_in, aux=aux)  # (B, T, V)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            tgt_out.flatten(),
+            ignore_index=PAD,
+            label_smoothing=self.label_smoothing,
+        )
+        return loss, int((tgt_out != PAD).sum())
+
+    @torch.no_grad()
+    def evaluate(self, model: TransformerModel) -> float:
+        """Validation cross entropy (no smoothing) in nats per target token."""
+        was = model.training
+        model.eval()
+        total, tokens = 0.0, 0
+        for b in self.valid_batches:
+            src, tgt_in, tgt_out = collate([self.valid[i] for i in b])
+            logits = model(src, tgt_in)
+            total += float(
+                F.cross_entropy(
+                    logits.flatten(0, 1).float(),
+                    tgt_out.flatten(),
+                    ignore_index=PAD,
+                    reduction="sum",
+                )
+            )
+            tokens += int((tgt_out != PAD).sum())
+        model.train(was)
+        return total / tokens if tokens else float("nan")
+
+    def data_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self.batches = token_batches(
+            self.lengths, self.max_tokens, seed=self.seed, epoch=self.epoch
+        )
+
+
+def train_translation(
+    run: RunConfig,
+    out_dir: str | Path,
+    data_root: Path,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train (or resume) an encoder-decoder on parallel text."""
+    tc = run.train
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    train_pairs, valid_pairs = (
+        load_pairs(run, data_root, "train"),
+        load_pairs(run, data_root, "val"),
+    )
+    ckpt = out / CHECKPOINT
+    state: TrainState | None = None
+    if resume and ckpt.exists():
+        loaded, tok, _, state = load_checkpoint(ckpt)
+        if state is None:
+            raise ValueError(f"{ckpt} holds a model but no training state to resume")
+        if not isinstance(loaded, EncoderDecoder) or not isinstance(tok, BPETokenizer):
+            raise ValueError(f"{ckpt} is not a translation checkpoint")
+        model, tokenizer = loaded, tok
+    else:
+        torch.manual_seed(tc.seed)
+        lines = [p.source for p in train_pairs] + [p.target for p in train_pairs]
+        tokenizer = BPETokenizer.from_lines(lines, run.data.bpe_vocab_size)
+        built = build_model(run.model.replace(vocab_size=tokenizer.vocab_size, pad_id=PAD))
+        if not isinstance(built, EncoderDecoder):
+            raise ValueError(f"translation needs arch='encoder-decoder', got {run.model.arch!r}")
+        model = built
+    train, valid = encode_pairs(train_pairs, tokenizer), encode_pairs(valid_pairs, tokenizer)
+    longest = max(max(len(s), len(t)) for s, t in train + valid)
+    if longest > model.config.max_len:
+        raise ValueError(
+            f"a sentence has {longest} tokens, more than the model's max_len={model.config.max_len}"
+        )
+    max_tokens = tc.max_tokens or tc.batch_size * longest
+    task = TranslationTask(
+        train, valid, max_tokens=max_tokens, label_smoothing=tc.label_smoothing, seed=tc.seed
+    )
+    optimizer = build_adamw(
+        model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
+    )
+    d_model = model.config.d_model
+    if tc.schedule == "paper":
+
+        def schedule(step: int) -> float:
+            return paper_schedule(step + 1, d_model=d_model, warmup=tc.warmup_steps, factor=tc.lr)
+    else:
+
+        def schedule(step: int) -> float:
+            return cosine_schedule(
+                step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
+            )
+
+    return fit(
+        model,
+        task,
+        tc,
+        out,
+        tokenizer=tokenizer,
+        run_dict=run.to_dict() | {"model": model.config.to_dict()},
+        optimizer=optimizer,
+        schedule=schedule,
+        state=state,
+        stop_after=stop_after,
+        progress=progress,
+    )
