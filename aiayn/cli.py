@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from aiayn.config import presets
-from aiayn.data.char import BPETokenizer, Tokenizer
+from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.data.files import data_dir
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize

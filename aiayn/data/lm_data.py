@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from aiayn.data.char import Tokenizer
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.data.files import read_text
 
 

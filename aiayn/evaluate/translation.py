@@ -20,7 +20,7 @@ import torch
 
 from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD
-from aiayn.data.char import BPETokenizer
+from aiayn.data.tokenizer import BPETokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.models import EncoderDecoder
 

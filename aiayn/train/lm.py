@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from aiayn.data.char import BPETokenizer, CharTokenizer, Tokenizer
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
 from aiayn.models import DecoderLM, TransformerModel, build_model

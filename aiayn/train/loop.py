@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from aiayn.checkpoint import save as save_model
-from aiayn.data.char import Tokenizer
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import TrainConfig

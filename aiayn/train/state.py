@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from aiayn.checkpoint import load, write_atomically, write_model
-from aiayn.data.char import Tokenizer, load_tokenizer
+from aiayn.data.tokenizer import Tokenizer, load_tokenizer
 from aiayn.models import TransformerModel
 
 STATE_FILE = "train_state.pt"

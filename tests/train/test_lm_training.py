@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.data.char import CharTokenizer, load_tokenizer
+from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
 from aiayn.data.lm_data import TokenStream
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm

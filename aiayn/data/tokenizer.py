@@ -1,4 +1,4 @@
-"""Character-level tokenizer: one id per distinct character of the training text."""
+"""Tokenizers behind one small interface: characters, and byte-level BPE (HF `tokenizers`)."""
 
 from __future__ import annotations
 
