@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from aiayn.config import presets
-from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.data.files import data_dir
+from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
 from aiayn.models import DecoderLM, EncoderDecoder, build_model

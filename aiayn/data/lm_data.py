@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from aiayn.data.tokenizer import Tokenizer
 from aiayn.data.files import read_text
+from aiayn.data.tokenizer import Tokenizer
 
 
 class TokenStream:

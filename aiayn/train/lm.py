@@ -13,9 +13,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from aiayn.data.batching import pad, token_batches
 from aiayn.data.bpe import BOS, EOS, PAD
-from aiayn.data.tokenizer import BPETokenizer
 from aiayn.data.parallel import Pair, multi30k, read_parallel
+from aiayn.data.tokenizer import BPETokenizer
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig

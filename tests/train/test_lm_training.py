@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
 from aiayn.data.lm_data import TokenStream
+from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.optim import build_adamw
