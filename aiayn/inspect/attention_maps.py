@@ -1,0 +1,173 @@
+"""Attention maps of a model on a piece of text, as PNGs with the tokens on the axes.
+
+:func:`attention_maps` runs ``forward_with_weights`` on a trained checkpoint, or on an untrained
+preset (a character vocabulary built from the text itself), and draws
+
+* one head (``layer`` and ``head`` given), one layer's heads (``layer``), or every layer;
+* for a decoder-only model the masked self-attention, for an encoder the self-attention;
+* for an encoder-decoder the encoder self-attention, the decoder's masked self-attention
+  over ``target_text`` and the cross-attention alignment between target and source.
+
+Layers and heads count from 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.config import get_preset, presets
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
+from aiayn.inspect import figures
+from aiayn.models import EncoderDecoder, TransformerModel, build_model
+
+# An untrained preset is built in memory: refuse sizes that would not fit (llama3-70b).
+MAX_PRESET_PARAMETERS = 2_000_000_000
+
+
+def _load(
+    checkpoint_or_preset: str | Path, text: str, overrides: Mapping[str, Any] | None
+) -> tuple[TransformerModel, Tokenizer]:
+    from aiayn.inspect.calc import parameter_count
+
+    name = str(checkpoint_or_preset)
+    if Path(name).is_dir():
+        from aiayn.train.state import load_checkpoint
+
+        if overrides:
+            raise ValueError("overrides apply to a preset, not to a trained checkpoint")
+        model, tokenizer, _, _ = load_checkpoint(Path(name))
+        return model, tokenizer
+    if name not in presets():
+        raise ValueError(
+            f"{name!r} is neither a checkpoint folder nor a preset; presets: {', '.join(presets())}"
+        )
+    tokenizer = CharTokenizer.from_text(text)
+    # One unpadded sequence: no id is padding (else the character with id 0 would be masked).
+    fields = {"pad_id": None, **dict(overrides or {}), "vocab_size": tokenizer.vocab_size}
+    config = get_preset(name, **fields)
+    if config.arch == "encoder-decoder" and config.src_vocab_size is not None:
+        config = config.replace(src_vocab_size=tokenizer.vocab_size)
+    if parameter_count(config) > MAX_PRESET_PARAMETERS:
+        raise ValueError(
+            f"preset {name!r} has {parameter_count(config):,} parameters, too many to build"
+            " here; shrink it with overrides such as n_layers=2 d_model=256"
+        )
+    torch.manual_seed(0)
+    return build_model(config), tokenizer
+
+
+def token_labels(tokenizer: Tokenizer, text: str, ids: list[int]) -> list[str]:
+    """A readable label per token: the characters of the text it covers."""
+    if isinstance(tokenizer, CharTokenizer):
+        return list(text)
+    if isinstance(tokenizer, BPETokenizer):
+        enc = tokenizer.tok.encode(text)
+        labels = [text[a:b] or t for (a, b), t in zip(enc.offsets, enc.tokens, strict=True)]
+        if len(labels) == len(ids):
+            return labels
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def _check_index(what: str, value: int | None, n: int, where: str) -> None:
+    if value is not None and not 0 <= value < n:
+        raise ValueError(
+            f"{what} {value} is out of range: the {where} has {n} {what}s (0..{n - 1})"
+        )
+
+
+def attention_maps(
+    checkpoint_or_preset: str | Path,
+    text: str,
+    out_dir: str | Path,
+    *,
+    layer: int | None = None,
+    head: int | None = None,
+    target_text: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Draw the attention of a checkpoint (folder) or an untrained preset (name) on ``text``.
+
+    Returns {"encoder" | "decoder" | "cross" | "self": path} of the PNGs written to ``out_dir``.
+    """
+    if not text:
+        raise ValueError("the text is empty: give at least one token")
+    if head is not None and layer is None:
+        raise ValueError(f"head {head} needs a layer too (pass layer=...)")
+    target = text if target_text is None else target_text
+    model, tokenizer = _load(checkpoint_or_preset, text + target, overrides)
+    model.eval()
+    max_len = model.config.max_len
+    streams: list[tuple[str, list[torch.Tensor], list[str], list[str]]] = []
+
+    def encode(s: str, what: str) -> tuple[list[int], list[str]]:
+        ids = tokenizer.encode(s)
+        if not ids:
+            raise ValueError(f"the {what} is empty after tokenizing: give at least one token")
+        return ids, token_labels(tokenizer, s, ids)
+
+    src, src_labels = encode(text, "text")
+    with torch.no_grad():
+        if isinstance(model, EncoderDecoder):
+            tgt, tgt_labels = encode(target, "target text")
+            if isinstance(tokenizer, BPETokenizer):  # as trained: source + </s>, <s> + target
+                from aiayn.data.bpe import BOS, EOS
+
+                src, src_labels = [*src, EOS], [*src_labels, "</s>"]
+                tgt, tgt_labels = [BOS, *tgt], ["<s>", *tgt_labels]
+            for what, ids in (("text", src), ("target text", tgt)):
+                if len(ids) > max_len:
+                    raise ValueError(
+                        f"the {what} is {len(ids)} tokens long, longer than the model's"
+                        f" max_len={max_len}"
+                    )
+            _, w = model.forward_with_weights(torch.tensor([src]), torch.tensor([tgt]))
+            streams.append(("encoder", w["encoder"], src_labels, src_labels))
+            streams.append(("decoder", w["decoder"], tgt_labels, tgt_labels))
+            streams.append(("cross", w["cross"], tgt_labels, src_labels))
+        else:
+            if len(src) > max_len:
+                raise ValueError(
+                    f"the text is {len(src)} tokens long, longer than the model's max_len={max_len}"
+                )
+            _, ws = model.forward_with_weights(torch.tensor([src]))  # type: ignore[operator]
+            name = "encoder" if model.config.arch == "encoder" else "self"
+            streams.append((name, ws, src_labels, src_labels))
+
+    for name, ws, _, _ in streams:
+        _check_index("layer", layer, len(ws), f"{name} attention")
+        _check_index("head", head, ws[0].shape[1], f"{name} attention")
+
+    titles = {
+        "self": "masked self-attention",
+        "encoder": "encoder self-attention",
+        "decoder": "decoder masked self-attention",
+        "cross": "cross-attention (target rows, source columns)",
+    }
+    out = Path(out_dir)
+    written: dict[str, Path] = {}
+    for name, ws, rows, cols in streams:
+        if layer is not None and head is not None:
+            written[name] = figures.attention_heatmap(
+                ws[layer][0, head],
+                rows,
+                cols,
+                out / f"{name}_layer{layer}_head{head}.png",
+                f"{titles[name]}, layer {layer}, head {head}",
+            )
+        elif layer is not None:
+            written[name] = figures.attention_grid(
+                ws[layer][0],
+                rows,
+                cols,
+                out / f"{name}_layer{layer}.png",
+                f"{titles[name]}, layer {layer}",
+            )
+        else:
+            written[name] = figures.all_layers(
+                [w[0] for w in ws], rows, cols, out / f"{name}_all_layers.png", titles[name]
+            )
+    return written
