@@ -58,13 +58,14 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench_common import timed
 
 B, H, D = 1, 8, 64
 MASKS = ("none", "causal", "window", "padding", "causal+pad")
@@ -168,17 +169,6 @@ def _make_call(backend: str, mask: str, n: int) -> Callable[..., Any]:
     return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=attn)
 
 
-def _median_time(fn: Callable[[], None], repeat: int, warmup: int = 1) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
-
-
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement, in this (fresh) process."""
     import torch
@@ -210,7 +200,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
     base, base_peak = _rss_now(), _rss_peak()
     step = step_of(_make_call(backend, mask, n), q, k, v, g)
-    median, times = _median_time(step, spec["repeat"])
+    median, times = timed(step, spec["repeat"], warmup=1)
     peak = max(_rss_peak(), _rss_now())  # ru_maxrss can lag the current RSS slightly
     return {
         **spec,

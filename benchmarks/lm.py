@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_common import matmul_rates, median_time
 
 import aiayn
 from aiayn.generate import SamplingConfig, generate
@@ -38,30 +39,6 @@ SHAPES = {
     "nanogpt-cpu": dict(n_layers=4, n_heads=4, d_model=128, block=64, batch=12, vocab=65),
     "6L-384": dict(n_layers=6, n_heads=6, d_model=384, block=256, batch=8, vocab=65),
 }
-
-
-def median_time(fn: Any, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def matmul_rates() -> tuple[float, float]:
-    """GFLOP/s of a 2048³ fp32 product through torch.mm (MKL) and through oneDNN."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    mm = 2 * 2048**3 / median_time(lambda: a @ b, 5) / 1e9
-    onednn = (
-        2
-        * 2048**3
-        / median_time(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""), 5)
-        / 1e9
-    )
-    return mm, onednn
 
 
 def read_bandwidth() -> float:

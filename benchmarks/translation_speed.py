@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_common import median_time
 from torch import nn
 
 import aiayn
@@ -36,17 +36,6 @@ from aiayn.nn.positions import sinusoidal_table
 
 V, D, H, FF, LAYERS, PAIRS, LEN = 8000, 256, 4, 1024, 3, 128, 32
 PAD, BOS, EOS = 0, 1, 2
-
-
-def median_time(fn: Any, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def ours() -> nn.Module:

@@ -19,10 +19,10 @@ from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
-from aiayn.train.loop import CHECKPOINT, fit
+from aiayn.train.loop import CHECKPOINT, fit, prepare_run
 from aiayn.train.optim import build_adamw
 from aiayn.train.schedule import cosine_schedule
-from aiayn.train.state import TrainState, load_checkpoint
+from aiayn.train.state import TrainState
 
 
 def lm_loss(
@@ -111,17 +111,12 @@ def train_lm(
 ) -> dict[str, Any]:
     """Train (or resume) and return the history and final validation loss."""
     tc = run.train
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    ckpt = out / CHECKPOINT
+    out, resumed = prepare_run(tc, out_dir, resume)
     state: TrainState | None = None
-    if resume and ckpt.exists():
-        loaded, tokenizer, _, state = load_checkpoint(ckpt)
-        if state is None:
-            raise ValueError(f"{ckpt} holds a model but no training state to resume")
-        assert isinstance(loaded, DecoderLM)
+    if resumed is not None:
+        loaded, tokenizer, state = resumed
+        if not isinstance(loaded, DecoderLM):
+            raise ValueError(f"{out / CHECKPOINT} is not a language-model checkpoint")
         model = loaded
     else:
         torch.manual_seed(tc.seed)

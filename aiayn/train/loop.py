@@ -34,7 +34,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import TrainConfig
-from aiayn.train.state import TrainState, save_checkpoint
+from aiayn.train.state import TrainState, load_checkpoint, save_checkpoint
 
 CHECKPOINT = "checkpoint"  # the latest resumable checkpoint, inside the run folder
 SNAPSHOTS = "snapshots"  # model-only snapshots kept for checkpoint averaging
@@ -58,6 +58,24 @@ class Task(Protocol):
     def data_state(self) -> dict[str, Any]: ...
 
     def load_data_state(self, state: dict[str, Any]) -> None: ...
+
+
+def prepare_run(
+    tc: TrainConfig, out_dir: str | Path, resume: bool
+) -> tuple[Path, tuple[TransformerModel, Tokenizer, TrainState] | None]:
+    """Create the run folder and set threads; with ``resume`` and a checkpoint there, return
+    its model, tokenizer and training state to continue from."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    ckpt = out / CHECKPOINT
+    if not (resume and ckpt.exists()):
+        return out, None
+    model, tokenizer, _, state = load_checkpoint(ckpt)
+    if state is None:
+        raise ValueError(f"{ckpt} holds a model but no training state to resume")
+    return out, (model, tokenizer, state)
 
 
 def world_info() -> tuple[int, int]:

@@ -23,10 +23,10 @@ from aiayn.data.tokenizer import BPETokenizer
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
-from aiayn.train.loop import CHECKPOINT, fit
+from aiayn.train.loop import CHECKPOINT, fit, prepare_run
 from aiayn.train.optim import build_adamw
 from aiayn.train.schedule import cosine_schedule, paper_schedule
-from aiayn.train.state import TrainState, load_checkpoint
+from aiayn.train.state import TrainState
 
 Example = tuple[list[int], list[int]]  # source ids + EOS; BOS + target ids + EOS
 
@@ -145,22 +145,16 @@ def train_translation(
 ) -> dict[str, Any]:
     """Train (or resume) an encoder-decoder on parallel text."""
     tc = run.train
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
+    out, resumed = prepare_run(tc, out_dir, resume)
     train_pairs, valid_pairs = (
         load_pairs(run, data_root, "train"),
         load_pairs(run, data_root, "val"),
     )
-    ckpt = out / CHECKPOINT
     state: TrainState | None = None
-    if resume and ckpt.exists():
-        loaded, tok, _, state = load_checkpoint(ckpt)
-        if state is None:
-            raise ValueError(f"{ckpt} holds a model but no training state to resume")
+    if resumed is not None:
+        loaded, tok, state = resumed
         if not isinstance(loaded, EncoderDecoder) or not isinstance(tok, BPETokenizer):
-            raise ValueError(f"{ckpt} is not a translation checkpoint")
+            raise ValueError(f"{out / CHECKPOINT} is not a translation checkpoint")
         model, tokenizer = loaded, tok
     else:
         torch.manual_seed(tc.seed)
