@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from aiayn.data.batching import pad, token_batches
+from aiayn.data.batching import pad, padding_fraction, token_batches
 from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.parallel import Pair, multi30k, read_parallel
 from aiayn.data.tokenizer import BPETokenizer
@@ -189,7 +189,7 @@ def train_translation(
                 step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
             )
 
-    return fit(
+    result = fit(
         model,
         task,
         tc,
@@ -202,3 +202,6 @@ def train_translation(
         stop_after=stop_after,
         progress=progress,
     )
+    # §5.1's batching is about not wasting compute on padding: report how much is left.
+    result["padding_fraction"] = padding_fraction(task.lengths, task.batches)
+    return result
