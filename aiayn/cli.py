@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -229,6 +230,10 @@ def cmd_average(args: argparse.Namespace) -> int:
 
     model = average_checkpoints(args.checkpoints)
     save(model, args.out)
+    last = Path(args.checkpoints[-1])
+    for extra in ("tokenizer.json", "run.json"):  # so the average translates and evaluates
+        if (last / extra).is_file():
+            shutil.copyfile(last / extra, Path(args.out) / extra)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 

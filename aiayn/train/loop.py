@@ -29,12 +29,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from aiayn.checkpoint import save as save_model
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import TrainConfig
-from aiayn.train.state import TrainState, load_checkpoint, save_checkpoint
+from aiayn.train.state import TrainState, load_checkpoint, save_checkpoint, save_snapshot
 
 CHECKPOINT = "checkpoint"  # the latest resumable checkpoint, inside the run folder
 SNAPSHOTS = "snapshots"  # model-only snapshots kept for checkpoint averaging
@@ -131,7 +130,7 @@ def fit(
             ),
         )
         if tc.keep_snapshots > 0:
-            save_model(model, out / SNAPSHOTS / f"step_{step:08d}")
+            save_snapshot(out / SNAPSHOTS / f"step_{step:08d}", model, tokenizer, run_dict)
             snaps = sorted((out / SNAPSHOTS).glob("step_*"))
             for old in snaps[: -tc.keep_snapshots]:
                 shutil.rmtree(old, ignore_errors=True)

@@ -38,6 +38,14 @@ class TrainState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def _write_inference_files(
+    folder: Path, model: TransformerModel, tokenizer: Tokenizer, run: dict[str, Any]
+) -> None:
+    write_model(model, folder)
+    tokenizer.save(folder / TOKENIZER_FILE)
+    (folder / RUN_FILE).write_text(json.dumps(run, indent=2))
+
+
 def save_checkpoint(
     directory: Path,
     model: TransformerModel,
@@ -45,10 +53,10 @@ def save_checkpoint(
     run: dict[str, Any],
     state: TrainState,
 ) -> Path:
+    """Everything to resume: the model, tokenizer and run config, and the training state."""
+
     def fill(tmp: Path) -> None:
-        write_model(model, tmp)
-        tokenizer.save(tmp / TOKENIZER_FILE)
-        (tmp / RUN_FILE).write_text(json.dumps(run, indent=2))
+        _write_inference_files(tmp, model, tokenizer, run)
         torch.save(
             {
                 "step": state.step,
@@ -61,6 +69,15 @@ def save_checkpoint(
         )
 
     return write_atomically(directory, fill)
+
+
+def save_snapshot(
+    directory: Path, model: TransformerModel, tokenizer: Tokenizer, run: dict[str, Any]
+) -> Path:
+    """A checkpoint without the training state: enough to translate, evaluate or average."""
+    return write_atomically(
+        directory, lambda tmp: _write_inference_files(tmp, model, tokenizer, run)
+    )
 
 
 def load_checkpoint(

@@ -86,6 +86,7 @@ def test_train_resume_average_translate(
     assert losses[-1] < losses[0]
     snaps = sorted((tmp_path / "full" / "snapshots").iterdir())
     assert [s.name for s in snaps] == ["step_00000003", "step_00000006"]
+    assert (snaps[-1] / "tokenizer.json").is_file()  # snapshots translate on their own
     avg = average_checkpoints(snaps)
     a, b = aiayn.load(snaps[0]), aiayn.load(snaps[1])
     name = "encoder.blocks.0.ffn.w1.weight"
