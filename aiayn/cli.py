@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)"
     )
     p.add_argument("--config", default="configs/multi30k_de_en.toml")
-    p.add_argument("--minutes", type=float, default=4.0, help="training budget")
+    p.add_argument("--minutes", type=float, default=8.0, help="training budget")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--sentences", type=int, default=200, help="test sentences to score")
     p.set_defaults(func=cmd_demo)

@@ -115,7 +115,7 @@ def fit(
     writer_file = open(out / "log.csv", "a", newline="") if rank == 0 else None  # noqa: SIM115
     writer = csv.writer(writer_file) if writer_file is not None else None
     if writer is not None and (out / "log.csv").stat().st_size == 0:
-        writer.writerow(["step", "loss", "lr", "val_loss", "tokens_per_s"])
+        writer.writerow(["step", "loss", "lr", "val_loss", "tokens_per_s", "val_ppl"])
 
     def checkpoint(step: int) -> None:
         if rank != 0:
@@ -181,6 +181,7 @@ def fit(
             if done % tc.eval_interval == 0 or done == tc.max_steps:
                 val = task.evaluate(model)
                 record["val_loss"] = val
+                record["val_ppl"] = math.exp(min(val, 50.0))  # perplexity
             history.append(record)
             if writer is not None:
                 writer.writerow(
@@ -190,10 +191,15 @@ def fit(
                         f"{lr:.3e}",
                         f"{record.get('val_loss', '')}",
                         f"{speed:.0f}",
+                        f"{record.get('val_ppl', '')}",
                     ]
                 )
             bar.set_postfix(
-                loss=f"{total:.3f}", val=f"{val:.3f}", lr=f"{lr:.1e}", tok_s=f"{speed:,.0f}"
+                loss=f"{total:.3f}",
+                val=f"{val:.3f}",
+                ppl=f"{math.exp(min(val, 50.0)):.2f}" if math.isfinite(val) else "nan",
+                lr=f"{lr:.1e}",
+                tok_s=f"{speed:,.0f}",
             )
             out_of_time = (
                 tc.max_minutes is not None and time.perf_counter() - t0 > 60 * tc.max_minutes
