@@ -127,14 +127,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     root = data_dir(args.data)
     run = load_run_config(
         args.config,
-        # A few minutes instead of an hour: a shorter warm-up, so the model learns something.
-        {
-            "train.max_minutes": args.minutes,
-            "train.warmup_steps": 150,
-            "train.lr": 0.7,
-            "train.keep_snapshots": 0,
-            "train.eval_interval": 100,
-        },
+        # The hour-long recipe, cut short (a shorter warm-up with a higher peak measured worse).
+        {"train.max_minutes": args.minutes, "train.keep_snapshots": 0, "train.eval_interval": 100},
     )
     print(f"training {args.config} on {root / 'multi30k'} for at most {args.minutes} minutes")
     result = train_translation(run, args.out, root)
