@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export AIAYN_DATA ?= $(abspath ../shared/data)
 
-.PHONY: setup setup-dev demo test lint
+.PHONY: setup setup-dev setup-browser demo test lint
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,14 @@ setup-dev: $(BIN)/python
 	$(BIN)/pip install -q -r requirements-dev.txt
 	$(BIN)/pip install -q --no-deps -e .
 
+# Debian's Chromium for the explorer's end-to-end test (tests/explore/test_browser.py skips
+# without it, unless AIAYN_REQUIRE_BROWSER=1).  Playwright drives it; nothing is downloaded.
+setup-browser:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
 demo: setup
 	$(BIN)/aiayn demo
 
@@ -26,5 +34,5 @@ lint: setup-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: setup-browser lint
 	$(BIN)/python -m pytest -q

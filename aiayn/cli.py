@@ -67,6 +67,18 @@ def cmd_calc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explore(args: argparse.Namespace) -> int:
+    """Serve the browser explorer on ``--host``:``--port``."""
+    from aiayn.explore.registry import default_registry
+    from aiayn.explore.server import serve
+
+    registry = default_registry(args.checkpoint, args.runs, args.preset)
+    print(f"models: {', '.join(registry.entries)}", file=sys.stderr)
+    print(f"open http://{args.host}:{args.port}/", file=sys.stderr)
+    serve(registry, host=args.host, port=args.port, max_chars=args.max_chars)
+    return 0
+
+
 def cmd_inspect_attention(args: argparse.Namespace) -> int:
     """Attention maps of a checkpoint or an untrained preset on a piece of text."""
     from aiayn.inspect.attention_maps import attention_maps
@@ -448,6 +460,30 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("example", choices=["trophy", "not-good", "scale", "paths"])
     q.add_argument("--out", default="figures", help="folder for the PNG (default: figures/)")
     q.set_defaults(func=cmd_inspect_example)
+
+    p = sub.add_parser(
+        "explore", help="a local web app: attention, next tokens, translations, lessons"
+    )
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="a checkpoint folder to offer, optionally named (repeatable)",
+    )
+    p.add_argument(
+        "--runs", action="append", default=[], metavar="DIR", help="offer every checkpoint in DIR"
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        default=[],
+        help=f"offer an untrained preset (repeatable): {', '.join(presets())}",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-chars", type=int, default=400, help="longest text a request may send")
+    p.set_defaults(func=cmd_explore)
     return parser
 
 

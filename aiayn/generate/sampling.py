@@ -72,6 +72,24 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def next_token_distribution(
+    logits: Tensor, config: SamplingConfig, *, seen: Tensor | None = None
+) -> Tensor:
+    """(B, V) logits -> (B, V) probabilities the sampler draws from, after the repetition
+    penalty, temperature, top-k and top-p.  Greedy (temperature 0) puts all mass on the argmax."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if config.greedy:
+        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / config.temperature
+    if config.top_k is not None:
+        logits = top_k_filter(logits, config.top_k)
+    if config.top_p is not None:
+        logits = top_p_filter(logits, config.top_p)
+    return logits.softmax(-1)
+
+
 def choose_next(
     logits: Tensor,
     config: SamplingConfig,
@@ -80,15 +98,10 @@ def choose_next(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """(B, V) logits -> (B,) next token ids."""
-    logits = logits.float()
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if config.greedy:
+        logits = logits.float()
+        if seen is not None:
+            logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
         return logits.argmax(-1)
-    logits = logits / config.temperature
-    if config.top_k is not None:
-        logits = top_k_filter(logits, config.top_k)
-    if config.top_p is not None:
-        logits = top_p_filter(logits, config.top_p)
-    probs = logits.softmax(-1)
+    probs = next_token_distribution(logits, config, seen=seen)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

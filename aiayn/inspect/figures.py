@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.inspect.teaching import positional_similarity as pe_similarity
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.positions import RotaryEmbedding, apply_rotary, sinusoidal_table
 
@@ -243,11 +244,7 @@ def positional_encoding_image(max_len: int, d_model: int, path: str | Path) -> P
 
 def positional_similarity(max_len: int, d_model: int, position: int, path: str | Path) -> Path:
     """PE(position) · PE(p) for every p: peaks at ``position`` and falls off with distance."""
-    _check_sizes(max_len, d_model)
-    if not 0 <= position < max_len:
-        raise ValueError(f"position {position} is out of range 0..{max_len - 1}")
-    table = sinusoidal_table(max_len, d_model)
-    sim = (table @ table[position]).numpy()
+    sim = pe_similarity(max_len, d_model, position)
     fig = _figure(6.4, 3.0)
     ax = fig.add_subplot()
     ax.plot(range(max_len), sim, color="tab:blue")

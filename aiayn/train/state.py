@@ -80,15 +80,20 @@ def save_snapshot(
     )
 
 
-def load_checkpoint(
-    directory: Path,
-) -> tuple[TransformerModel, Tokenizer, dict[str, Any], TrainState | None]:
-    """Model, tokenizer, run config and (if present) the training state."""
+def load_for_inference(directory: Path) -> tuple[TransformerModel, Tokenizer]:
+    """Model and tokenizer only: what generation, evaluation and the explorer need."""
     model = load(directory)
     tok_path = Path(directory) / TOKENIZER_FILE
     if not tok_path.is_file():
         raise ValueError(f"checkpoint {directory} has no {TOKENIZER_FILE}")
-    tokenizer = load_tokenizer(tok_path)
+    return model, load_tokenizer(tok_path)
+
+
+def load_checkpoint(
+    directory: Path,
+) -> tuple[TransformerModel, Tokenizer, dict[str, Any], TrainState | None]:
+    """Model, tokenizer, run config and (if present) the training state."""
+    model, tokenizer = load_for_inference(directory)
     run_path = Path(directory) / RUN_FILE
     run = json.loads(run_path.read_text()) if run_path.is_file() else {}
     state = None

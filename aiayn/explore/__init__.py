@@ -1,0 +1,6 @@
+"""``aiayn explore``: a local web app over real models and the library's teaching views.
+
+* :mod:`aiayn.explore.registry` -- the models a server offers, by name;
+* :mod:`aiayn.explore.analysis` -- attention, next-token and translation views of a model;
+* :mod:`aiayn.explore.server` -- the FastAPI app and its page (``static/``, drawn with Plotly).
+"""

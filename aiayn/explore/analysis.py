@@ -1,0 +1,210 @@
+"""What the explorer shows for a real model: attention, the next token, a translation.
+
+Each function takes a loaded model and plain values and returns JSON-ready data.  Attention
+views re-weight the layer's recorded scores (:mod:`aiayn.inspect.scores`): the temperature and
+the causal toggle act on the chosen layer's ``Q K^T / sqrt(d_k)``, they do not re-run the layers
+above it.  Recorded scores are cached per (model, text, target), so moving a slider costs a
+softmax, not a forward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.explore.registry import Loaded
+from aiayn.generate.sampling import SamplingConfig, next_token_distribution
+from aiayn.inspect.attention_maps import token_labels
+from aiayn.inspect.scores import AttentionScores, record_scores, reweight
+from aiayn.models import EncoderDecoder
+
+
+class TooLong(ValueError):
+    """Input longer than the model (or the server) accepts (HTTP 413)."""
+
+
+class NotApplicable(ValueError):
+    """A view the chosen model cannot give, e.g. a translation from a language model (HTTP 422)."""
+
+
+def _encode(loaded: Loaded, text: str, what: str) -> tuple[list[int], list[str]]:
+    if not text.strip():
+        raise ValueError(f"the {what} is empty: type at least one character")
+    ids = loaded.tokenizer.encode(text)
+    if not ids:
+        raise ValueError(f"the {what} is empty after tokenizing")
+    return ids, token_labels(loaded.tokenizer, text, ids)
+
+
+def _special(tokenizer: Tokenizer) -> tuple[int, int] | None:
+    if isinstance(tokenizer, BPETokenizer):
+        from aiayn.data.bpe import BOS, EOS
+
+        return BOS, EOS
+    return None
+
+
+def _check_length(loaded: Loaded, ids: list[int], what: str) -> None:
+    limit = loaded.model.config.max_len
+    if len(ids) > limit:
+        raise TooLong(
+            f"the {what} is {len(ids)} tokens; model {loaded.entry.name!r} accepts at most {limit}"
+        )
+
+
+class Recorded:
+    """Token labels and recorded scores of one (model, text, target)."""
+
+    def __init__(self, streams: dict[str, list[AttentionScores]], labels: dict[str, list[str]]):
+        self.streams = streams
+        self.labels = labels  # "source" / "target" token labels
+
+
+_CACHE: OrderedDict[tuple[str, str, str | None], Recorded] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 16
+
+
+def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
+    """Run the model once on ``text`` (and ``target`` for an encoder-decoder) recording scores."""
+    key = (loaded.entry.name, text, target)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    model, special = loaded.model, _special(loaded.tokenizer)
+    src, src_labels = _encode(loaded, text, "text")
+    labels = {"source": src_labels}
+    with torch.no_grad(), record_scores(model) as recorded:
+        if isinstance(model, EncoderDecoder):
+            tgt, tgt_labels = _encode(loaded, target or text, "target")
+            if special is not None:  # as trained: source + </s>, <s> + target
+                src, labels["source"] = [*src, special[1]], [*src_labels, "</s>"]
+                tgt, tgt_labels = [special[0], *tgt], ["<s>", *tgt_labels]
+            _check_length(loaded, src, "text")
+            _check_length(loaded, tgt, "target")
+            labels["target"] = tgt_labels
+            model(torch.tensor([src]), torch.tensor([tgt]))
+        else:
+            _check_length(loaded, src, "text")
+            model(torch.tensor([src]))
+    streams: dict[str, list[AttentionScores]] = {}
+    for r in recorded:
+        streams.setdefault(r.stream, []).append(r)
+    result = Recorded(streams, labels)
+    with _CACHE_LOCK:
+        _CACHE[key] = result
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return result
+
+
+def attention_view(
+    loaded: Loaded,
+    text: str,
+    *,
+    target: str | None = None,
+    stream: str | None = None,
+    layer: int = 0,
+    head: int | None = None,
+    temperature: float = 1.0,
+    causal: bool | None = None,
+) -> dict[str, Any]:
+    """One layer's attention: ``head`` None averages the heads.  ``causal`` None follows the
+    model (masked for decoder self-attention, open for encoders, n/a for cross-attention).
+
+    Returns rows/cols token labels and ``weights`` with ``None`` where the mask blanks a cell.
+    """
+    rec = record(loaded, text, target)
+    if stream is None:
+        stream = next(iter(rec.streams))
+    if stream not in rec.streams:
+        raise ValueError(f"stream {stream!r} is not in this model; it has {', '.join(rec.streams)}")
+    layers = rec.streams[stream]
+    if not 0 <= layer < len(layers):
+        raise ValueError(f"layer {layer} is out of range: {stream} has layers 0..{len(layers) - 1}")
+    scores = layers[layer].scores[0]  # (H, T, S)
+    n_heads = scores.shape[0]
+    if head is not None and not 0 <= head < n_heads:
+        raise ValueError(f"head {head} is out of range: the layer has heads 0..{n_heads - 1}")
+    model_causal = layers[layer].causal
+    if stream == "cross":
+        if causal:
+            raise NotApplicable("cross-attention has no causal mask: every target sees the source")
+        causal = False
+    elif causal is None:
+        causal = model_causal
+    weights = reweight(scores, temperature=temperature, causal=causal)  # (H, T, S)
+    shown = weights.mean(0) if head is None else weights[head]  # (T, S)
+    grid: list[list[float | None]] = [[round(float(w), 5) for w in row] for row in shown]
+    if causal:
+        t, s = shown.shape
+        for i in range(t):
+            for j in range(s - t + i + 1, s):
+                grid[i][j] = None
+    src_labels = rec.labels["source"]
+    tgt_labels = rec.labels.get("target", src_labels)
+    rows = src_labels if stream in ("self", "encoder") else tgt_labels
+    cols = src_labels if stream in ("self", "encoder", "cross") else tgt_labels
+    return {
+        "stream": stream,
+        "streams": list(rec.streams),
+        "layer": layer,
+        "n_layers": len(layers),
+        "head": head,
+        "n_heads": n_heads,
+        "temperature": temperature,
+        "causal": causal,
+        "model_causal": model_causal,
+        "rows": rows,
+        "cols": cols,
+        "weights": grid,
+    }
+
+
+def next_token(
+    loaded: Loaded, text: str, *, temperature: float = 1.0, top: int = 15
+) -> dict[str, Any]:
+    """The language model's distribution over the token after ``text`` at ``temperature``:
+    the ``top`` most likely tokens, their probabilities and the entropy (nats)."""
+    if loaded.model.config.arch != "decoder":
+        raise NotApplicable(
+            f"model {loaded.entry.name!r} is {loaded.model.config.arch}: next-token predictions"
+            " come from a decoder-only language model"
+        )
+    ids, _ = _encode(loaded, text, "text")
+    _check_length(loaded, ids, "text")
+    with torch.no_grad():
+        logits = loaded.model(torch.tensor([ids]))[:, -1]  # (1, V)
+    probs = next_token_distribution(logits, SamplingConfig(temperature=temperature))[0]  # (V,)
+    entropy = float(-(probs * probs.clamp_min(1e-30).log()).sum())
+    p, idx = probs.topk(min(top, probs.numel()))
+    return {
+        "temperature": temperature,
+        "tokens": [loaded.tokenizer.decode([int(i)]) for i in idx],
+        "ids": [int(i) for i in idx],
+        "probs": [round(float(x), 6) for x in p],
+        "entropy": round(entropy, 4),
+    }
+
+
+def translation(loaded: Loaded, text: str, *, beam_size: int = 4) -> dict[str, Any]:
+    """Translate ``text`` with beam search (the paper's settings, ``beam_size`` beams)."""
+    from aiayn.evaluate.translation import translate
+    from aiayn.generate.beam import PAPER_BEAM
+
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):
+        raise NotApplicable(
+            f"model {loaded.entry.name!r} does not translate: pick a trained encoder-decoder"
+            " checkpoint"
+        )
+    ids, _ = _encode(loaded, text, "text")
+    _check_length(loaded, [*ids, 0], "text")
+    beam = dataclasses.replace(PAPER_BEAM, beam_size=beam_size)
+    return {"source": text, "translation": translate(model, tokenizer, [text], beam=beam)[0]}

@@ -1,0 +1,215 @@
+"""The explorer's list of models: trained checkpoints and untrained presets, chosen by name.
+
+The browser names a model, never a file: the list is fixed when the server starts (from
+``--checkpoint NAME=DIR``, ``--runs DIR`` and ``--preset NAME``), and a request may only pick
+one of its names.  A name that looks like a path is refused before any lookup.
+
+Models are loaded on first use and kept in a small least-recently-used cache.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.checkpoint import CONFIG_FILE, load_config
+from aiayn.config import ModelConfig, get_preset, presets
+from aiayn.data.tokenizer import CharTokenizer, Tokenizer
+from aiayn.models import TransformerModel, build_model
+from aiayn.train.state import TOKENIZER_FILE, load_for_inference
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
+# Untrained presets read characters: printable ASCII (space to ~).
+PRESET_CHARS = [chr(c) for c in range(32, 127)]
+MAX_PRESET_PARAMETERS = 400_000_000
+
+
+class UnknownModel(LookupError):
+    """A name that is not in the list (HTTP 404)."""
+
+
+class PathNotAllowed(ValueError):
+    """A model named by something that looks like a file path (HTTP 400)."""
+
+
+def looks_like_path(name: str) -> bool:
+    return any(c in name for c in "/\\~") or ".." in name or name.startswith(".")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    config: ModelConfig
+    directory: Path | None  # a checkpoint folder, or None for an untrained preset
+    preset: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        from aiayn.inspect.calc import parameter_count
+
+        c = self.config
+        return {
+            "name": self.name,
+            "kind": "checkpoint" if self.directory is not None else "untrained preset",
+            "arch": c.arch,
+            "n_layers": c.n_layers,
+            "n_decoder_layers": c.n_decoder_layers or c.n_layers,
+            "n_heads": c.n_heads,
+            "d_model": c.d_model,
+            "max_len": c.max_len,
+            "parameters": parameter_count(c),
+        }
+
+
+@dataclass
+class Loaded:
+    entry: Entry
+    model: TransformerModel
+    tokenizer: Tokenizer
+
+
+def is_checkpoint(folder: Path) -> bool:
+    return (folder / CONFIG_FILE).is_file() and (folder / TOKENIZER_FILE).is_file()
+
+
+def _checkpoint_name(folder: Path, root: Path) -> str:
+    rel = folder.relative_to(root).parts if folder != root else (folder.name,)
+    parts = [p for p in rel if p != "checkpoint"] or [folder.parent.name]
+    return ":".join(parts)
+
+
+class Registry:
+    """Names -> models.  Thread-safe; at most ``cache_size`` models stay loaded."""
+
+    def __init__(self, cache_size: int = 2) -> None:
+        self.entries: dict[str, Entry] = {}
+        self._loaded: OrderedDict[str, Loaded] = OrderedDict()
+        self._lock = threading.Lock()
+        self.cache_size = cache_size
+
+    def _add(self, entry: Entry) -> None:
+        if not NAME.match(entry.name):
+            raise ValueError(
+                f"model name {entry.name!r} is invalid: use letters, digits and _.:+- (1-64 chars)"
+            )
+        if entry.name in self.entries:
+            raise ValueError(f"model name {entry.name!r} is given twice")
+        self.entries[entry.name] = entry
+
+    def add_checkpoint(self, directory: str | Path, name: str | None = None) -> str:
+        folder = Path(directory)
+        if not is_checkpoint(folder):
+            raise ValueError(
+                f"{folder} is not a checkpoint folder (expected {CONFIG_FILE} and {TOKENIZER_FILE})"
+            )
+        name = name or _checkpoint_name(folder.resolve(), folder.resolve().parent)
+        self._add(Entry(name, load_config(folder), folder))
+        return name
+
+    def add_runs(self, root: str | Path) -> list[str]:
+        """Every checkpoint folder up to three levels below ``root``, named by its relative path
+        (``shakespeare_char``, ``multi30k_de_en:averaged``)."""
+        base = Path(root)
+        if not base.is_dir():
+            raise ValueError(f"runs folder {base} does not exist")
+        found = sorted(
+            {
+                p.parent
+                for depth in ("*", "*/*", "*/*/*")
+                for p in base.glob(f"{depth}/{CONFIG_FILE}")
+            }
+        )
+        names = []
+        for folder in found:
+            if is_checkpoint(folder):
+                name = _checkpoint_name(folder, base)
+                if name not in self.entries:
+                    names.append(self.add_checkpoint(folder, name))
+        return names
+
+    def add_preset(self, preset: str, **overrides: Any) -> str:
+        from aiayn.inspect.calc import parameter_count
+
+        if preset not in presets():
+            raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(presets())}")
+        fields = {"vocab_size": len(PRESET_CHARS), "pad_id": None, **overrides}
+        config = get_preset(preset, **fields)
+        if config.arch == "encoder-decoder" and config.src_vocab_size is not None:
+            config = config.replace(src_vocab_size=len(PRESET_CHARS))
+        if parameter_count(config) > MAX_PRESET_PARAMETERS:
+            raise ValueError(
+                f"preset {preset!r} has {parameter_count(config):,} parameters, more than the"
+                f" explorer builds ({MAX_PRESET_PARAMETERS:,}); train or shrink it"
+            )
+        name = f"{preset}:untrained"
+        self._add(Entry(name, config, None, preset))
+        return name
+
+    def entry(self, name: object) -> Entry:
+        if not isinstance(name, str):
+            raise UnknownModel(f"model must be a name from the list, got {name!r}")
+        if looks_like_path(name):
+            raise PathNotAllowed(
+                f"model {name!r} looks like a file path; name one of: {', '.join(self.entries)}"
+            )
+        if name not in self.entries:
+            raise UnknownModel(f"unknown model {name!r}; known: {', '.join(self.entries)}")
+        return self.entries[name]
+
+    def get(self, name: object) -> Loaded:
+        entry = self.entry(name)
+        with self._lock:
+            if entry.name in self._loaded:
+                self._loaded.move_to_end(entry.name)
+                return self._loaded[entry.name]
+            loaded = self._load(entry)
+            self._loaded[entry.name] = loaded
+            while len(self._loaded) > self.cache_size:
+                self._loaded.popitem(last=False)
+            return loaded
+
+    @staticmethod
+    def _load(entry: Entry) -> Loaded:
+        if entry.directory is not None:
+            model, tokenizer = load_for_inference(entry.directory)
+        else:
+            torch.manual_seed(0)
+            model, tokenizer = build_model(entry.config), CharTokenizer(PRESET_CHARS)
+        model.eval()
+        return Loaded(entry, model, tokenizer)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [e.describe() for e in self.entries.values()]
+
+
+def default_registry(
+    checkpoints: Sequence[str] = (),
+    runs: Sequence[str] = (),
+    preset_names: Sequence[str] = (),
+) -> Registry:
+    """A registry from the command line: ``NAME=DIR`` or ``DIR`` checkpoints, runs folders and
+    presets.  With none of them, the checkpoints under ./runs (if any) and untrained gpt2-small."""
+    reg = Registry()
+    for spec in checkpoints:
+        name, sep, folder = spec.partition("=")
+        if sep and not Path(spec).exists():
+            reg.add_checkpoint(folder, name)
+        else:
+            reg.add_checkpoint(spec)
+    for root in runs:
+        reg.add_runs(root)
+    for preset in preset_names:
+        reg.add_preset(preset)
+    if not (checkpoints or runs or preset_names):
+        if Path("runs").is_dir():
+            reg.add_runs("runs")
+        reg.add_preset("gpt2-small")
+    if not reg.entries:
+        raise ValueError("no models to explore: give --checkpoint, --runs or --preset")
+    return reg

@@ -1,0 +1,162 @@
+"""The explorer's JSON API: real answers for good requests, clear 4xx for bad ones, and the
+server keeps serving after each."""
+
+import pytest
+
+from aiayn.explore import analysis
+from aiayn.inspect.teaching import query_walkthrough
+
+
+def test_models_are_listed_by_name(client):
+    status, info = client.request("/api/models")
+    assert status == 200
+    names = [m["name"] for m in info["models"]]
+    assert names == ["tiny-lm", "tiny-mt", "bert-base:untrained"]
+    assert info["max_chars"] == 200 and "gpt2-small" in info["presets"]
+
+
+def test_attention_has_one_row_per_token_and_follows_the_controls(client):
+    body = {"model": "tiny-lm", "text": "the cat sat", "layer": 1, "head": 2}
+    status, view = client.request("/api/attention", body)
+    assert status == 200
+    assert view["rows"] == list("the cat sat") and len(view["weights"]) == 11
+    assert view["causal"] is True and view["model_causal"] is True
+    for i, row in enumerate(view["weights"]):
+        assert all(w is None for w in row[i + 1 :])  # the upper triangle is blank
+        assert sum(row[: i + 1]) == pytest.approx(1.0, abs=1e-4)
+    _, sharp = client.request("/api/attention", {**body, "temperature": 0.2})
+    assert sharp["weights"] != view["weights"]
+    assert max(sharp["weights"][-1]) > max(view["weights"][-1])
+    _, open_ = client.request("/api/attention", {**body, "causal": False})
+    assert all(w is not None for w in open_["weights"][0]) and open_["weights"][0][5] > 0
+
+
+def test_encoder_decoder_streams_and_translation(client):
+    status, out = client.request("/api/translate", {"model": "tiny-mt", "text": "ein hund"})
+    assert status == 200 and isinstance(out["translation"], str)
+    body = {"model": "tiny-mt", "text": "ein hund", "target": "a dog", "stream": "cross"}
+    status, view = client.request("/api/attention", body)
+    assert status == 200 and view["streams"] == ["encoder", "decoder", "cross"]
+    assert view["rows"][0] == "<s>" and view["cols"][-1] == "</s>"
+    assert len(view["weights"]) == len(view["rows"]) and view["causal"] is False
+    status, err = client.request("/api/attention", {**body, "causal": True})
+    assert status == 422 and "cross-attention" in err["error"]
+
+
+def test_next_token_distribution(client):
+    status, r = client.request("/api/next-token", {"model": "tiny-lm", "text": "ROMEO", "top": 5})
+    assert status == 200 and len(r["tokens"]) == 5 and r["probs"] == sorted(r["probs"])[::-1]
+    _, cold = client.request(
+        "/api/next-token", {"model": "tiny-lm", "text": "ROMEO", "top": 5, "temperature": 0.1}
+    )
+    assert cold["entropy"] < r["entropy"] and cold["probs"][0] > r["probs"][0]
+    status, err = client.request("/api/next-token", {"model": "tiny-mt", "text": "ein"})
+    assert status == 422 and "decoder-only" in err["error"]
+
+
+def test_lessons_come_from_the_library(client):
+    status, r = client.request("/api/lesson/query", {"query": 7, "scale": True})
+    assert status == 200 and r == query_walkthrough(7)
+    _, lookup = client.request("/api/lesson/lookup", {"between": 0.5, "length": 2})
+    assert lookup["weights"] == pytest.approx([0.5, 0.5])
+    _, pe = client.request("/api/lesson/positions", {"position": 30, "max_len": 60, "d_model": 16})
+    assert len(pe["similarity"]) == 60 and max(pe["similarity"]) == pe["similarity"][30]
+    status, kv = client.request(
+        "/api/lesson/kv-cache", {"preset": "llama3-70b", "context": 8192, "dtype": "bfloat16"}
+    )
+    # 80 layers x 2 (K, V) x 8 KV heads x 128 x 2 bytes = 320 KiB per token; x 8192 = 2.5 GiB
+    assert status == 200 and kv["kv_cache_bytes_per_token"] == 327_680
+    assert kv["kv_cache"] == "2.5 GiB" and kv["kv_cache_bytes"] == 327_680 * 8192
+
+
+BAD = [
+    # (what, path, body, status, words in the error)
+    (
+        "text over the limit",
+        "/api/attention",
+        {"model": "tiny-lm", "text": "a" * 201},
+        413,
+        "201 characters",
+    ),
+    (
+        "text over the model's context",
+        "/api/attention",
+        {"model": "tiny-lm", "text": "a" * 100},
+        413,
+        "at most 64",
+    ),
+    ("unknown model", "/api/attention", {"model": "gpt-5", "text": "hi"}, 404, "unknown model"),
+    ("a path as model", "/api/attention", {"model": "/etc/passwd", "text": "hi"}, 400, "path"),
+    ("a relative path", "/api/next-token", {"model": "../tiny-lm", "text": "hi"}, 400, "path"),
+    ("a home path", "/api/translate", {"model": "~/runs/mt", "text": "hi"}, 400, "path"),
+    ("malformed JSON", "/api/attention", '{"model": "tiny-lm", "text": ', 400, "malformed JSON"),
+    ("not an object", "/api/attention", "[1, 2]", 400, "JSON object"),
+    (
+        "unknown field",
+        "/api/attention",
+        {"model": "tiny-lm", "text": "hi", "file": "x"},
+        422,
+        "file",
+    ),
+    (
+        "layer out of range",
+        "/api/attention",
+        {"model": "tiny-lm", "text": "hi", "layer": 5},
+        422,
+        "layer 5",
+    ),
+    (
+        "negative temperature",
+        "/api/attention",
+        {"model": "tiny-lm", "text": "hi", "temperature": -1},
+        422,
+        "temperature",
+    ),
+    ("empty text", "/api/attention", {"model": "tiny-lm", "text": "  "}, 422, "empty"),
+    (
+        "char not in vocabulary",
+        "/api/attention",
+        {"model": "tiny-lm", "text": "é"},
+        422,
+        "vocabulary",
+    ),
+    ("unknown preset", "/api/lesson/kv-cache", {"preset": "gpt-9"}, 422, "unknown preset"),
+    (
+        "inconsistent shape",
+        "/api/lesson/kv-cache",
+        {"preset": "gpt2-small", "n_heads": 7},
+        422,
+        "n_heads",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "path", "body", "status", "words"), BAD, ids=[b[0] for b in BAD])
+def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(
+    client, what, path, body, status, words
+):
+    got, answer = client.request(path, body)
+    assert got == status, answer
+    assert words in answer["error"]
+    again, _ = client.request("/api/attention", {"model": "tiny-lm", "text": "still here"})
+    assert again == 200
+
+
+def test_static_files_cannot_reach_outside(client, server):
+    import urllib.error
+    import urllib.request
+
+    for path in ("/static/../../../etc/passwd", "/static/%2e%2e/%2e%2e/etc/passwd"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(server + path, timeout=10)
+        assert err.value.code == 404
+    with urllib.request.urlopen(server + "/vendor/plotly.min.js", timeout=10) as r:
+        assert r.status == 200 and len(r.read()) > 1_000_000  # the real Plotly bundle
+
+
+def test_cached_recording_matches_a_fresh_one(registry):
+    loaded = registry.get("tiny-lm")
+    a = analysis.attention_view(loaded, "abc abc", layer=0, head=1, temperature=0.7)
+    analysis._CACHE.clear()
+    b = analysis.attention_view(loaded, "abc abc", layer=0, head=1, temperature=0.7)
+    assert a == b

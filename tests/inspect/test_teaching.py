@@ -1,0 +1,68 @@
+"""The teaching views compute Eq. (1) and §3.5 exactly, and show what the lessons claim."""
+
+import math
+
+import pytest
+import torch
+
+from aiayn.inspect.teaching import (
+    PRONOUN,
+    SENTENCE,
+    positional_similarity,
+    query_walkthrough,
+    soft_lookup,
+)
+from aiayn.nn.positions import sinusoidal_table
+
+
+def test_the_pronoun_finds_the_living_noun():
+    r = query_walkthrough()
+    assert r["query_token"] == "it" and r["query_index"] == PRONOUN
+    weights = r["weights"]
+    assert r["tokens"][max(range(len(weights)), key=weights.__getitem__)] == "cat"
+    assert weights[1] == pytest.approx(0.5072, abs=1e-4)  # about half lands on "cat"
+    assert sum(weights) == pytest.approx(1.0, abs=1e-3)
+    # every step by hand: q.k, / sqrt(4), softmax, weighted sum of the values
+    q = torch.tensor(r["query"])
+    keys = torch.tensor([k for _, k, _ in SENTENCE], dtype=torch.float32)
+    scores = keys @ q
+    assert r["scores"] == pytest.approx(scores.tolist(), abs=1e-4)
+    assert r["scaled"] == pytest.approx((scores / 2).tolist(), abs=1e-4)
+    expected = torch.softmax(scores / 2, -1)
+    assert weights == pytest.approx(expected.tolist(), abs=1e-4)
+    assert r["output"] == pytest.approx((expected @ keys).tolist(), abs=1e-4)
+    assert r["output"][r["features"].index("animate")] > 0.5  # "it" now carries "animate"
+
+
+def test_without_the_scale_every_row_is_peakier():
+    scaled, raw = query_walkthrough(scale=True), query_walkthrough(scale=False)
+    assert raw["divisor"] == 1 and scaled["divisor"] == 2
+    assert max(raw["weights"]) > max(scaled["weights"])
+    with pytest.raises(ValueError, match="out of range"):
+        query_walkthrough(len(SENTENCE))
+
+
+def test_soft_lookup_blends_and_sharpens():
+    assert soft_lookup(0.5, 3.0)["weights"] == pytest.approx([0.5, 0.5], abs=1e-4)
+    r = soft_lookup(0.3, 1.0)
+    w = r["weights"]
+    assert w[0] > w[1] > 0 and r["output"] == pytest.approx(w, abs=1e-4)  # values are one-hot
+    angle = 0.3 * math.pi / 2
+    assert w[0] == pytest.approx(1 / (1 + math.exp(math.sin(angle) - math.cos(angle))), abs=1e-4)
+    entropies = [soft_lookup(0.3, length)["entropy"] for length in (0.5, 1, 3, 8)]
+    assert entropies == sorted(entropies, reverse=True)  # longer query, sharper softmax
+    assert soft_lookup(0.3, 8.0)["weights"][0] > 0.95
+    with pytest.raises(ValueError, match="between"):
+        soft_lookup(1.5, 1.0)
+
+
+def test_positional_similarity_peaks_and_slides():
+    a = positional_similarity(100, 128, 20)
+    b = positional_similarity(100, 128, 50)
+    assert max(range(100), key=a.__getitem__) == 20 and a[20] == pytest.approx(64.0, abs=1e-3)
+    assert a[20 + 7] == pytest.approx(b[50 + 7], abs=1e-3)  # depends on the offset only
+    assert a[20 - 5] == pytest.approx(b[50 - 5], abs=1e-3)
+    table = sinusoidal_table(100, 128)
+    assert a == pytest.approx((table @ table[20]).tolist(), abs=1e-3)
+    with pytest.raises(ValueError, match="out of range"):
+        positional_similarity(100, 128, 100)
