@@ -1,7 +1,10 @@
 """Decoder-only LM speed, side by side with peers in one run (fp32, CPU or GPU).
 
-    python benchmarks/lm.py [--threads 2] [--quick] [--json benchmarks/results/lm.json]
+    python benchmarks/lm.py [--threads 2] [--quick] [--no-quality] [--json benchmarks/results/lm.json]
 
+0. Quality: configs/shakespeare_char.toml (nanoGPT's CPU example: 4 layers, 4 heads, 128 wide,
+   context 64, batch 12, 2,000 iterations, no dropout) trained from scratch; the validation
+   loss (200 batches) and the wall time.  Needs $AIAYN_DATA (or ../shared/data).
 1. fp32 matmul rate of this machine (the MFU denominator) and memory read bandwidth.
 2. Training: ms per iteration (forward, backward, AdamW) and model-FLOPs utilisation for
    nanoGPT's CPU Shakespeare shape and a 6-layer, 384-wide model, against HF GPT2LMHeadModel
@@ -113,6 +116,27 @@ def bench_generate(
     return batch * new / total, first, last
 
 
+def quality(threads: int) -> dict[str, Any]:
+    """Train configs/shakespeare_char.toml from scratch; validation loss and wall time."""
+    import tempfile
+
+    from aiayn.data.files import data_dir
+    from aiayn.train.config import load_run_config
+    from aiayn.train.lm import train_lm
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "shakespeare_char.toml"
+    run = load_run_config(config, {"train.threads": threads})
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        result = train_lm(run, out, data_dir(None), progress=False)
+    wall = time.perf_counter() - t0
+    print(
+        f"quality: {config.name}, {run.train.max_steps} steps: validation loss"
+        f" {result['val_loss']:.4f} (target <= 1.88, nanoGPT's figure) in {wall:.0f} s wall\n"
+    )
+    return {"val_loss": result["val_loss"], "wall_s": wall, "steps": run.train.max_steps}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -120,10 +144,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
     ap.add_argument("--json", default="benchmarks/results/lm.json")
+    ap.add_argument("--no-quality", action="store_true", help="skip the 2,000-step training run")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     repeat = 3 if args.quick else 10
     results: dict[str, Any] = {"threads": args.threads, "torch": torch.__version__}
+    if not args.no_quality:
+        results["quality"] = quality(args.threads)
     rate, onednn_rate = matmul_rates()
     bw = read_bandwidth()
     results["matmul_gflops"], results["onednn_gflops"], results["read_gb_s"] = rate, onednn_rate, bw

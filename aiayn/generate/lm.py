@@ -17,6 +17,7 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor
 
+from aiayn.generate.decode_step import FlatDecoder
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
 from aiayn.nn.linear import packed_for_inference
@@ -89,11 +90,15 @@ def stream(
     model.eval()
     packing = ExitStack()
     try:
-        # One weight layout for the whole generation: decoding steps are matrix-vector
-        # products, which oneDNN does far faster from a packed weight (aiayn/nn/linear.py).
-        packing.enter_context(packed_for_inference(model, rows=b))
+        if b > 1:
+            # One weight layout for the whole generation: several rows per step are a small
+            # matrix product, which oneDNN does far faster from a packed weight
+            # (aiayn/nn/linear.py).  One row goes to BLAS's gemv on the weight itself.
+            packing.enter_context(packed_for_inference(model, rows=b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
+        # Steps skip the module machinery when they can (aiayn/generate/decode_step.py).
+        flat = None if FlatDecoder.unsupported(model) else FlatDecoder(model, b)
         slides = p + max_new_tokens > cfg.max_len
         if slides:  # (B, P + N): every token, to re-read the last max_len - 1 when full
             history = torch.cat([ids, ids.new_zeros(b, max_new_tokens)], 1)
@@ -112,7 +117,10 @@ def stream(
             if cache.length < cfg.max_len:
                 if slides:
                     history[:, p + step] = nxt
-                logits = model(nxt[:, None], cache=cache)[:, -1]
+                if flat is not None:
+                    logits = flat.step(nxt[:, None], cache)
+                else:
+                    logits = model(nxt[:, None], cache=cache)[:, -1]
             else:
                 # The context is full: like nanoGPT, keep the last max_len - 1 tokens and
                 # re-read them (their positions restart at 0), then go on with the cache.
