@@ -160,3 +160,14 @@ def test_cached_recording_matches_a_fresh_one(registry):
     analysis._CACHE.clear()
     b = analysis.attention_view(loaded, "abc abc", layer=0, head=1, temperature=0.7)
     assert a == b
+
+
+def test_encoder_only_preset_sees_both_ways_until_masked(client):
+    body = {"model": "bert-base:untrained", "text": "a cat"}
+    status, view = client.request("/api/attention", body)
+    assert status == 200 and view["stream"] == "encoder" and view["model_causal"] is False
+    assert view["causal"] is False and all(w is not None for w in view["weights"][0])
+    _, masked = client.request("/api/attention", {**body, "causal": True})
+    assert masked["weights"][0][1:] == [None] * 4
+    status, err = client.request("/api/next-token", body)
+    assert status == 422 and "encoder" in err["error"]
