@@ -70,7 +70,8 @@ function onStreamChange() {
   const model = state.models[$("model").value];
   const stream = $("stream").value;
   const n = stream === "decoder" || stream === "cross" ? model.n_decoder_layers : model.n_layers;
-  const keep = Math.min(Number($("layer").value) || 0, n - 1);
+  // Cross-attention aligns best in the top layers: start there.
+  const keep = stream === "cross" ? n - 1 : Math.min(Number($("layer").value) || 0, n - 1);
   fillSelect($("layer"), Array.from({ length: n }, (_, l) => [l, `layer ${l}`]), keep);
   $("causal").disabled = stream === "cross";
   $("causal").checked = stream === "self" || stream === "decoder";
