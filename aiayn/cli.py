@@ -200,9 +200,9 @@ def _beam(args: argparse.Namespace) -> BeamConfig | None:
 
 
 def _load_translator(path: str) -> tuple[EncoderDecoder, BPETokenizer]:
-    from aiayn.train.state import load_checkpoint
+    from aiayn.train.state import load_for_inference
 
-    model, tokenizer, _, _ = load_checkpoint(Path(path))
+    model, tokenizer = load_for_inference(Path(path))
     if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
     return model.eval(), tokenizer
@@ -245,9 +245,9 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def _load_lm(path: str) -> tuple[DecoderLM, Tokenizer]:
-    from aiayn.train.state import load_checkpoint
+    from aiayn.train.state import load_for_inference
 
-    model, tokenizer, _, _ = load_checkpoint(Path(path))
+    model, tokenizer = load_for_inference(Path(path))
     if not isinstance(model, DecoderLM):
         raise ValueError(
             f"{path} holds a {type(model).__name__}, not a decoder-only language model"
@@ -269,11 +269,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one character")
     sys.stdout.write(args.prompt)
-    text: list[int] = []
 
     def show(token: torch.Tensor) -> None:
-        text.append(int(token[0]))
-        sys.stdout.write(tokenizer.decode([text[-1]]))
+        sys.stdout.write(tokenizer.decode([int(token[0])]))
         sys.stdout.flush()
 
     generate(
@@ -296,10 +294,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     from aiayn.data.lm_data import TokenStream
     from aiayn.train.lm import evaluate_lm
-    from aiayn.train.state import load_checkpoint
+    from aiayn.train.state import load_for_inference, load_run
 
-    model, tokenizer, run, _ = load_checkpoint(Path(args.checkpoint))
-    data = run.get("data", {})
+    model, tokenizer = load_for_inference(Path(args.checkpoint))
+    data = load_run(Path(args.checkpoint)).get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)
     text = args.text or data.get("text")
@@ -309,10 +307,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     stream = TokenStream.from_file(path, tokenizer, train_fraction=data.get("train_fraction", 0.9))
     block = args.block or model.config.max_len
     loss = evaluate_lm(model, stream, batches=args.batches, batch_size=args.batch_size, block=block)  # type: ignore[arg-type]
-    chars_per_token = 1.0 if getattr(tokenizer, "kind", "") == "char" else float("nan")
     print(f"validation loss    {loss:.4f} nats/token")
     print(f"perplexity         {math.exp(loss):.3f}")
-    if chars_per_token == 1.0:
+    if tokenizer.kind == "char":
         print(f"bits per character {loss / math.log(2):.4f}")
     return 0
 

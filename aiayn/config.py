@@ -102,7 +102,8 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(name, value, "a positive integer")
-        for name in ("src_vocab_size", "n_decoder_layers", "n_kv_heads", "d_head"):
+        optional = ("src_vocab_size", "n_decoder_layers", "n_kv_heads", "d_head")
+        for name in (*optional, "sliding_window", "n_experts"):
             value = getattr(self, name)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -120,27 +121,14 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise _fail(name, value, "a probability in [0, 1)")
-        if self.sliding_window is not None and (
-            isinstance(self.sliding_window, bool)
-            or not isinstance(self.sliding_window, int)
-            or self.sliding_window < 1
-        ):
-            raise _fail("sliding_window", self.sliding_window, "a positive integer or None")
         if self.sliding_window is not None and self.arch == "encoder":
             raise _fail(
                 "sliding_window", self.sliding_window, "None for arch='encoder' (it is causal)"
             )
-        if self.n_experts is not None:
-            if (
-                isinstance(self.n_experts, bool)
-                or not isinstance(self.n_experts, int)
-                or self.n_experts < 1
-            ):
-                raise _fail("n_experts", self.n_experts, "a positive integer or None")
-            if not 1 <= self.experts_top_k <= self.n_experts:
-                raise _fail(
-                    "experts_top_k", self.experts_top_k, f"between 1 and n_experts={self.n_experts}"
-                )
+        if self.n_experts is not None and not 1 <= self.experts_top_k <= self.n_experts:
+            raise _fail(
+                "experts_top_k", self.experts_top_k, f"between 1 and n_experts={self.n_experts}"
+            )
         if self.expert_capacity_factor is not None and self.expert_capacity_factor <= 0:
             raise _fail("expert_capacity_factor", self.expert_capacity_factor, "> 0 or None")
         if self.rope_base <= 0 or self.rope_scaling <= 0:

@@ -28,7 +28,7 @@ from aiayn.models import EncoderDecoder
 from aiayn.train.average import average_checkpoints
 from aiayn.train.config import load_run_config
 from aiayn.train.loop import SNAPSHOTS
-from aiayn.train.state import load_checkpoint
+from aiayn.train.state import load_for_inference
 from aiayn.train.translate import train_translation
 
 
@@ -55,7 +55,7 @@ def main() -> int:
     )
     test = test[: args.limit] if args.limit else test
     sources, refs = [p.source for p in test], [p.target for p in test]
-    model, tokenizer, _, _ = load_checkpoint(Path(result["checkpoint"]))
+    model, tokenizer = load_for_inference(Path(result["checkpoint"]))
     assert isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer)
     report: dict[str, Any] = {
         "train_seconds": train_s,

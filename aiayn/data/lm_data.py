@@ -28,9 +28,12 @@ class TokenStream:
         self.generator = torch.Generator().manual_seed(seed)
 
     @classmethod
-    def from_file(cls, path: str | Path, tokenizer: Tokenizer, **kw: float | int) -> TokenStream:
-        text = read_text(path)
+    def from_text(cls, text: str, tokenizer: Tokenizer, **kw: float | int) -> TokenStream:
         return cls(torch.tensor(tokenizer.encode(text), dtype=torch.long), **kw)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_file(cls, path: str | Path, tokenizer: Tokenizer, **kw: float | int) -> TokenStream:
+        return cls.from_text(read_text(path), tokenizer, **kw)
 
     def batch(
         self, split: str, batch_size: int, block: int, generator: torch.Generator | None = None

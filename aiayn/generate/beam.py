@@ -121,7 +121,6 @@ def beam_search(
         next_parent = torch.zeros(b, k, dtype=torch.long, device=device)
         next_token = torch.full((b, k), eos, dtype=torch.long, device=device)
         ts, ps, tk = top_scores.tolist(), parent.tolist(), token.tolist()
-        hist = history.tolist()
         for i in range(b):
             if done[i]:
                 continue
@@ -132,7 +131,7 @@ def beam_search(
                     break
                 if t == eos:
                     if rank < k:  # an EOS among the best K candidates finishes a hypothesis
-                        finished[i].append((s / lp, hist[i * k + pa]))
+                        finished[i].append((s / lp, history[i * k + pa].tolist()))
                     continue
                 if kept < k:
                     next_scores[i, kept], next_parent[i, kept], next_token[i, kept] = s, pa, t
@@ -142,7 +141,10 @@ def beam_search(
                     finished[i].append(
                         (
                             float(next_scores[i, j]) / lp,
-                            [*hist[i * k + int(next_parent[i, j])], int(next_token[i, j])],
+                            [
+                                *history[i * k + int(next_parent[i, j])].tolist(),
+                                int(next_token[i, j]),
+                            ],
                         )
                     )
                 done[i] = True

@@ -38,7 +38,7 @@ from aiayn.models.decoder import DecoderLM
 from aiayn.nn.blocks import Block
 from aiayn.nn.cache import Cache
 from aiayn.nn.feedforward import FeedForward, GatedFeedForward
-from aiayn.nn.linear import Linear
+from aiayn.nn.linear import Linear, _onednn
 from aiayn.nn.positions import apply_rotary
 
 MatVec = Callable[[Tensor], Tensor]  # (B, I) -> (B, O)
@@ -73,7 +73,7 @@ def _matvec(linear: nn.Linear, rows: int) -> MatVec:
         return gemv_bias
     packed = getattr(linear, "packed", None)
     if cpu_fp32 and isinstance(linear, Linear) and packed is not None:
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+        return lambda x: _onednn(x, packed, b)
     return lambda x: F.linear(x, w, b)
 
 

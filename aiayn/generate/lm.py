@@ -32,7 +32,6 @@ def _prepare(
         raise ValueError("generate() needs at least one prompt")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    room = max_len
     out = []
     for i, prompt in enumerate(prompts):
         prompt = list(prompt)
@@ -40,14 +39,14 @@ def _prepare(
             raise ValueError(
                 f"prompt {i} is empty: give at least one token (e.g. a BOS or newline)"
             )
-        if len(prompt) > room:
+        if len(prompt) > max_len:
             if not truncate:
                 raise ValueError(
                     f"prompt {i} has {len(prompt)} tokens; the model's max_len={max_len}"
-                    f" allows at most {room}"
+                    f" allows at most {max_len}"
                     " (pass truncate=True to keep only the last tokens)"
                 )
-            prompt = prompt[-room:]
+            prompt = prompt[-max_len:]
         out.append(prompt)
     return out
 
@@ -114,9 +113,9 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
+            if slides:
+                history[:, p + step] = nxt
             if cache.length < cfg.max_len:
-                if slides:
-                    history[:, p + step] = nxt
                 if flat is not None:
                     logits = flat.step(nxt[:, None], cache)
                 else:
@@ -124,7 +123,6 @@ def stream(
             else:
                 # The context is full: like nanoGPT, keep the last max_len - 1 tokens and
                 # re-read them (their positions restart at 0), then go on with the cache.
-                history[:, p + step] = nxt
                 end, start = p + step + 1, p + step + 2 - cfg.max_len
                 window, window_real = history[:, start:end], history_real[:, start:end]
                 cache = model.new_cache(b, cfg.max_len)
@@ -173,10 +171,11 @@ def generate(
             if done[i]:
                 continue
             out[i].append(token)
-            if (eos_id is not None and token == eos_id) or (
-                stop and decode is not None and any(s in decode(out[i][-64:]) for s in stop)
-            ):
+            if eos_id is not None and token == eos_id:
                 done[i] = True
+            elif stop and decode is not None:
+                tail = decode(out[i][-64:])
+                done[i] = any(s in tail for s in stop)
         if all(done):
             break
     return out

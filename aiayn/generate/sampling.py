@@ -72,14 +72,19 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def _penalised(logits: Tensor, config: SamplingConfig, seen: Tensor | None) -> Tensor:
+    logits = logits.float()
+    if seen is None:
+        return logits
+    return apply_repetition_penalty(logits, seen, config.repetition_penalty)
+
+
 def next_token_distribution(
     logits: Tensor, config: SamplingConfig, *, seen: Tensor | None = None
 ) -> Tensor:
     """(B, V) logits -> (B, V) probabilities the sampler draws from, after the repetition
     penalty, temperature, top-k and top-p.  Greedy (temperature 0) puts all mass on the argmax."""
-    logits = logits.float()
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    logits = _penalised(logits, config, seen)
     if config.greedy:
         return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
     logits = logits / config.temperature
@@ -99,9 +104,6 @@ def choose_next(
 ) -> Tensor:
     """(B, V) logits -> (B,) next token ids."""
     if config.greedy:
-        logits = logits.float()
-        if seen is not None:
-            logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
-        return logits.argmax(-1)
+        return _penalised(logits, config, seen).argmax(-1)
     probs = next_token_distribution(logits, config, seen=seen)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

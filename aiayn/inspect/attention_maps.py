@@ -35,12 +35,11 @@ def _load(
 
     name = str(checkpoint_or_preset)
     if Path(name).is_dir():
-        from aiayn.train.state import load_checkpoint
+        from aiayn.train.state import load_for_inference
 
         if overrides:
             raise ValueError("overrides apply to a preset, not to a trained checkpoint")
-        model, tokenizer, _, _ = load_checkpoint(Path(name))
-        return model, tokenizer
+        return load_for_inference(Path(name))
     if name not in presets():
         raise ValueError(
             f"{name!r} is neither a checkpoint folder nor a preset; presets: {', '.join(presets())}"

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiayn import checkpoint
+from aiayn.checkpoint import CONFIG_FILE
 from aiayn.config import ModelConfig, get_preset, presets
 
 DTYPE_BYTES: dict[str, int] = {
@@ -106,23 +108,17 @@ def _ffn_biases(c: ModelConfig) -> int:
     return (hidden + c.d_model) if c.bias else 0
 
 
-def _experts(c: ModelConfig) -> tuple[int, int] | None:
-    """(n_experts, top_k) of a mixture-of-experts config (aiayn/nn/moe.py), or None if dense."""
-    return None if c.n_experts is None else (c.n_experts, c.experts_top_k)
-
-
 def _ffn_sublayer(c: ModelConfig) -> int:
     """Parameters of one feed-forward sublayer: one FFN, or E experts and a bias-free router."""
     one = _ffn_weights(c) + _ffn_biases(c)
-    moe = _experts(c)
-    return one if moe is None else moe[0] * one + c.d_model * moe[0]
+    return one if c.n_experts is None else c.n_experts * (one + c.d_model)
 
 
 def _ffn_active_weights(c: ModelConfig) -> int:
     """Matmul weights one token passes through in a feed-forward sublayer: the router and its
     top-k experts in a mixture of experts (no token dropped by a capacity factor)."""
-    moe = _experts(c)
-    return _ffn_weights(c) if moe is None else moe[1] * _ffn_weights(c) + c.d_model * moe[0]
+    w = _ffn_weights(c)
+    return w if c.n_experts is None else c.experts_top_k * w + c.d_model * c.n_experts
 
 
 def _norm(c: ModelConfig, bias: bool) -> int:
@@ -203,8 +199,7 @@ def matmul_parameters(config: ModelConfig) -> int:
 def _attention_span_sum(config: ModelConfig, context: int) -> int:
     """Sum over attention sublayers of the keys each query sees."""
     c = config
-    _positive("context", context)
-    self_span = context if c.sliding_window is None else min(context, c.sliding_window)
+    self_span = kv_cached_positions(c, context)
     if c.arch == "encoder-decoder":  # encoder self, decoder self (maybe windowed), cross
         return c.n_layers * context + c.decoder_layers * (self_span + context)
     if c.arch == "encoder":
@@ -273,20 +268,11 @@ def cross_kv_cache_bytes(
 ) -> int:
     """An encoder-decoder's cross-attention keys and values, computed once per source
     sentence: ``2 · L_dec · n_kv_heads · d_head · S · B · bytes``; 0 for other families."""
-    c = config
     _positive("source_len", source_len)
     _positive("batch", batch)
-    if c.arch != "encoder-decoder":
+    if config.arch != "encoder-decoder":
         return 0
-    return (
-        2
-        * c.decoder_layers
-        * c.kv_heads
-        * c.head_dim
-        * source_len
-        * batch
-        * dtype_size(dtype_bytes)
-    )
+    return kv_cache_bytes_per_token(config, dtype_bytes) * source_len * batch
 
 
 def attention_score_bytes(
@@ -365,7 +351,8 @@ def cost_report(
             "encoder-decoder: a token is one source plus one target token (equal lengths);"
             " the cross-attention K/V are for a source of `context` tokens"
         )
-    n = parameter_count(c)
+    breakdown = parameter_breakdown(c)
+    n = breakdown.total
     train = training_flops_per_token(c, context)
     return CostReport(
         name=name,
@@ -375,7 +362,7 @@ def cost_report(
         dtype=dtype,
         dtype_bytes=size,
         parameters=n,
-        breakdown=parameter_breakdown(c),
+        breakdown=breakdown,
         matmul_parameters=matmul_parameters(c),
         weight_bytes=n * size,
         training_flops_per_token=train,
@@ -458,13 +445,11 @@ def load_config(spec: str, overrides: dict[str, Any] | None = None) -> tuple[str
     if spec in presets():
         return spec, get_preset(spec, **overrides)
     path = Path(spec)
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
+    if path.is_dir() and (path / CONFIG_FILE).is_file():
+        return path.name, checkpoint.load_config(path).replace(**overrides)
     if path.is_file():
-        config = ModelConfig.from_json(path.read_text())
-        return path.stem if path.name != "config.json" else path.parent.name, config.replace(
-            **overrides
-        )
+        name = path.parent.name if path.name == CONFIG_FILE else path.stem
+        return name, ModelConfig.from_json(path.read_text()).replace(**overrides)
     raise ValueError(
         f"{spec!r} is neither a preset ({', '.join(presets())}) nor a model config JSON file"
     )

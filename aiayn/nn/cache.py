@@ -120,9 +120,8 @@ class Cache:
     row's real tokens, which is the next position of that row.
     """
 
-    def __init__(self, layers: list[LayerCache], *, window: int | None = None) -> None:
+    def __init__(self, layers: list[LayerCache]) -> None:
         self.layers = layers
-        self.window = window
         self.key_mask: Tensor | None = None  # (B, slots), allocated on first padded input
         self.real: Tensor | None = None  # (B,) real tokens so far, with key_mask
         self.memory_mask: Tensor | None = None  # (B, S_src) source padding, for cross-attention
@@ -148,7 +147,7 @@ class Cache:
             )
             for _ in range(n_layers)
         ]
-        return cls(layers, window=window)
+        return cls(layers)
 
     @property
     def length(self) -> int:
@@ -171,7 +170,9 @@ class Cache:
             self.key_mask = torch.ones(b, self.capacity, dtype=torch.bool, device=keep.device)
             self.real = torch.full((b,), self.length, dtype=torch.long, device=keep.device)
         assert self.real is not None
-        self.key_mask, read = _append(self.key_mask, self.length, keep, self.window is not None)
+        self.key_mask, read = _append(
+            self.key_mask, self.length, keep, self.layers[0].self_kv.rolling
+        )
         positions = self.real[:, None] + keep.long().cumsum(-1) - 1  # (B, T)
         self.real = self.real + keep.long().sum(-1)
         return read, positions.clamp(min=0)

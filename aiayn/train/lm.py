@@ -113,6 +113,7 @@ def train_lm(
     tc = run.train
     out, resumed = prepare_run(tc, out_dir, resume)
     state: TrainState | None = None
+    text = read_text(data_root / run.data.text)
     if resumed is not None:
         loaded, tokenizer, state = resumed
         if not isinstance(loaded, DecoderLM):
@@ -120,7 +121,7 @@ def train_lm(
         model = loaded
     else:
         torch.manual_seed(tc.seed)
-        tokenizer = _tokenizer(run, read_text(data_root / run.data.text))
+        tokenizer = _tokenizer(run, text)
         cfg = run.model.replace(
             vocab_size=tokenizer.vocab_size, max_len=max(run.model.max_len, tc.block_size)
         )
@@ -128,8 +129,8 @@ def train_lm(
         if not isinstance(built, DecoderLM):
             raise ValueError(f"train_lm needs a decoder-only model, got arch={cfg.arch!r}")
         model = built
-    stream = TokenStream.from_file(
-        data_root / run.data.text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
+    stream = TokenStream.from_text(
+        text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
     )
     task = LMTask(
         stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches

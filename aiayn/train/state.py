@@ -89,13 +89,18 @@ def load_for_inference(directory: Path) -> tuple[TransformerModel, Tokenizer]:
     return model, load_tokenizer(tok_path)
 
 
+def load_run(directory: Path) -> dict[str, Any]:
+    """The run config a checkpoint was trained with ({} if it has none)."""
+    run_path = Path(directory) / RUN_FILE
+    return json.loads(run_path.read_text()) if run_path.is_file() else {}
+
+
 def load_checkpoint(
     directory: Path,
 ) -> tuple[TransformerModel, Tokenizer, dict[str, Any], TrainState | None]:
     """Model, tokenizer, run config and (if present) the training state."""
     model, tokenizer = load_for_inference(directory)
-    run_path = Path(directory) / RUN_FILE
-    run = json.loads(run_path.read_text()) if run_path.is_file() else {}
+    run = load_run(directory)
     state = None
     state_path = Path(directory) / STATE_FILE
     if state_path.is_file():
