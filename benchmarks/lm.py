@@ -35,7 +35,9 @@ import torch.nn.functional as F
 from bench_common import matmul_rates, median_time, timed
 
 import aiayn
+from aiayn.config import ModelConfig, get_preset
 from aiayn.generate import SamplingConfig, generate
+from aiayn.inspect.calc import training_flops_per_token
 from aiayn.interop.hf import to_hf_gpt2
 
 SHAPES = {
@@ -52,17 +54,20 @@ def read_bandwidth(repeat: int = 15) -> float:
     return x.numel() * 4 / min(times) / 1e9
 
 
-def train_flops(s: dict[str, int]) -> float:
-    d, layers, t, v = s["d_model"], s["n_layers"], s["block"], s["vocab"]
-    n = layers * 12 * d * d + v * d
-    return s["batch"] * t * (6 * n + 12 * layers * t * d)
-
-
-def ours(s: dict[str, int]) -> torch.nn.Module:
-    return aiayn.build_model(
+def config(s: dict[str, int]) -> ModelConfig:
+    return get_preset(
         "gpt2-small", n_layers=s["n_layers"], n_heads=s["n_heads"], d_model=s["d_model"], d_ff=4 * s["d_model"],
         vocab_size=s["vocab"], max_len=max(s["block"], 320), dropout=0.0, activation="gelu",
     )  # fmt: skip
+
+
+def train_flops(s: dict[str, int]) -> float:
+    """FLOPs of one training step: batch x block tokens at the PaLM count (aiayn calc)."""
+    return s["batch"] * s["block"] * training_flops_per_token(config(s), s["block"])
+
+
+def ours(s: dict[str, int]) -> torch.nn.Module:
+    return aiayn.build_model(config(s))
 
 
 def hf_gpt2(s: dict[str, int]) -> torch.nn.Module:
@@ -79,7 +84,7 @@ def x_transformers(s: dict[str, int]) -> torch.nn.Module:
     )  # fmt: skip
 
 
-def bench_train(name: str, build: Any, s: dict[str, int], repeat: int) -> float:
+def bench_train(build: Any, s: dict[str, int], repeat: int) -> float:
     torch.manual_seed(0)
     model = build(s).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -172,7 +177,7 @@ def main() -> int:
         row: dict[str, Any] = {}
         for name, build in peers.items():
             try:
-                sec = bench_train(name, build, s, repeat)
+                sec = bench_train(build, s, repeat)
             except ImportError as err:
                 print(f"{shape:<14}{name:<16} skipped: {err}")
                 continue
@@ -191,7 +196,7 @@ def main() -> int:
     )
     results["generate"] = {}
     gen_shapes = {
-        "6L-384": dict(SHAPES["6L-384"], vocab=65),
+        "6L-384": SHAPES["6L-384"],
         "gpt2-small-shape": dict(
             n_layers=12, n_heads=12, d_model=768, block=320, batch=1, vocab=50257
         ),

@@ -25,17 +25,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_common import median_time
+from bench_common import matmul_rates, median_time
 from torch import nn
 
 import aiayn
+from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.files import data_dir, read_lines
 from aiayn.generate.beam import BeamConfig, beam_search
 from aiayn.inspect.calc import training_flops_per_token
 from aiayn.nn.positions import sinusoidal_table
 
 V, D, H, FF, LAYERS, PAIRS, LEN = 8000, 256, 4, 1024, 3, 128, 32
-PAD, BOS, EOS = 0, 1, 2
 
 
 def ours() -> nn.Module:
@@ -107,14 +107,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    mm_rate = 2 * 2048**3 / median_time(lambda: a @ b, 5) / 1e9
-    onednn_rate = (
-        2
-        * 2048**3
-        / median_time(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""), 5)
-        / 1e9
-    )
+    mm_rate, onednn_rate = matmul_rates()
     print(
         f"fp32 matmul: torch.mm {mm_rate:.0f} GFLOP/s, oneDNN {onednn_rate:.0f} GFLOP/s, {args.threads} threads\n"
     )

@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.data.tokenizer import BPETokenizer
 from aiayn.explore.registry import Loaded
 from aiayn.generate.sampling import SamplingConfig, next_token_distribution
-from aiayn.inspect.attention_maps import token_labels
+from aiayn.inspect.attention_maps import as_trained, encode
 from aiayn.inspect.scores import AttentionScores, record_scores, reweight
 from aiayn.models import EncoderDecoder
+from aiayn.nn.masks import causal_mask
 
 
 class TooLong(ValueError):
@@ -35,18 +36,7 @@ class NotApplicable(ValueError):
 def _encode(loaded: Loaded, text: str, what: str) -> tuple[list[int], list[str]]:
     if not text.strip():
         raise ValueError(f"the {what} is empty: type at least one character")
-    ids = loaded.tokenizer.encode(text)
-    if not ids:
-        raise ValueError(f"the {what} is empty after tokenizing")
-    return ids, token_labels(loaded.tokenizer, text, ids)
-
-
-def _special(tokenizer: Tokenizer) -> tuple[int, int] | None:
-    if isinstance(tokenizer, BPETokenizer):
-        from aiayn.data.bpe import BOS, EOS
-
-        return BOS, EOS
-    return None
+    return encode(loaded.tokenizer, text, what)
 
 
 def _check_length(loaded: Loaded, ids: list[int], what: str) -> None:
@@ -77,18 +67,16 @@ def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    model, special = loaded.model, _special(loaded.tokenizer)
+    model = loaded.model
     src, src_labels = _encode(loaded, text, "text")
     labels = {"source": src_labels}
     with torch.no_grad(), record_scores(model) as recorded:
         if isinstance(model, EncoderDecoder):
-            tgt, tgt_labels = _encode(loaded, target or text, "target")
-            if special is not None:  # as trained: source + </s>, <s> + target
-                src, labels["source"] = [*src, special[1]], [*src_labels, "</s>"]
-                tgt, tgt_labels = [special[0], *tgt], ["<s>", *tgt_labels]
+            (src, labels["source"]), (tgt, labels["target"]) = as_trained(
+                loaded.tokenizer, (src, src_labels), _encode(loaded, target or text, "target")
+            )
             _check_length(loaded, src, "text")
             _check_length(loaded, tgt, "target")
-            labels["target"] = tgt_labels
             model(torch.tensor([src]), torch.tensor([tgt]))
         else:
             _check_length(loaded, src, "text")
@@ -141,12 +129,11 @@ def attention_view(
         causal = model_causal
     weights = reweight(scores, temperature=temperature, causal=causal)  # (H, T, S)
     shown = weights.mean(0) if head is None else weights[head]  # (T, S)
-    grid: list[list[float | None]] = [[round(float(w), 5) for w in row] for row in shown]
-    if causal:
-        t, s = shown.shape
-        for i in range(t):
-            for j in range(s - t + i + 1, s):
-                grid[i][j] = None
+    keep = causal_mask(*shown.shape) if causal else torch.ones_like(shown, dtype=torch.bool)
+    grid = [
+        [round(w, 5) if k else None for w, k in zip(row, keep_row, strict=True)]
+        for row, keep_row in zip(shown.tolist(), keep.tolist(), strict=True)
+    ]
     src_labels = rec.labels["source"]
     tgt_labels = rec.labels.get("target", src_labels)
     rows = src_labels if stream in ("self", "encoder") else tgt_labels

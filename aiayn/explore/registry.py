@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from aiayn.checkpoint import CONFIG_FILE, load_config
-from aiayn.config import ModelConfig, get_preset, presets
+from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
+from aiayn.inspect.attention_maps import untrained_config
 from aiayn.models import TransformerModel, build_model
 from aiayn.train.state import TOKENIZER_FILE, load_for_inference
 
@@ -79,8 +80,7 @@ def is_checkpoint(folder: Path) -> bool:
 
 
 def _checkpoint_name(folder: Path, root: Path) -> str:
-    rel = folder.relative_to(root).parts if folder != root else (folder.name,)
-    parts = [p for p in rel if p != "checkpoint"] or [folder.parent.name]
+    parts = [p for p in folder.relative_to(root).parts if p != "checkpoint"] or [folder.parent.name]
     return ":".join(parts)
 
 
@@ -136,12 +136,7 @@ class Registry:
     def add_preset(self, preset: str, **overrides: Any) -> str:
         from aiayn.inspect.calc import parameter_count
 
-        if preset not in presets():
-            raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(presets())}")
-        fields = {"vocab_size": len(PRESET_CHARS), "pad_id": None, **overrides}
-        config = get_preset(preset, **fields)
-        if config.arch == "encoder-decoder" and config.src_vocab_size is not None:
-            config = config.replace(src_vocab_size=len(PRESET_CHARS))
+        config = untrained_config(preset, len(PRESET_CHARS), overrides)
         if parameter_count(config) > MAX_PRESET_PARAMETERS:
             raise ValueError(
                 f"preset {preset!r} has {parameter_count(config):,} parameters, more than the"

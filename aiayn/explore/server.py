@@ -212,8 +212,6 @@ def create_app(registry: Registry, *, max_chars: int = DEFAULT_MAX_CHARS) -> Fas
 
     @app.post("/api/lesson/kv-cache")
     def lesson_kv_cache(req: KVCacheLesson) -> dict[str, Any]:
-        if req.preset not in presets():
-            raise ValueError(f"unknown preset {req.preset!r}; presets: {', '.join(presets())}")
         fields = ("n_layers", "d_model", "n_heads", "n_kv_heads")
         overrides = {f: getattr(req, f) for f in fields if getattr(req, f) is not None}
         config = get_preset(req.preset, **overrides)
@@ -229,7 +227,11 @@ def create_app(registry: Registry, *, max_chars: int = DEFAULT_MAX_CHARS) -> Fas
 
 
 def serve(
-    registry: Registry, *, host: str = "127.0.0.1", port: int = 8000, max_chars: int = 400
+    registry: Registry,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_chars: int = DEFAULT_MAX_CHARS,
 ) -> None:
     """Run the explorer until interrupted."""
     import uvicorn

@@ -19,13 +19,47 @@ from typing import Any
 
 import torch
 
-from aiayn.config import get_preset, presets
+from aiayn.config import ModelConfig, get_preset, presets
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.inspect import figures
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 
 # An untrained preset is built in memory: refuse sizes that would not fit (llama3-70b).
 MAX_PRESET_PARAMETERS = 2_000_000_000
+
+
+def untrained_config(
+    preset: str, vocab_size: int, overrides: Mapping[str, Any] | None = None
+) -> ModelConfig:
+    """A preset's config for an untrained model reading ``vocab_size`` characters: one shared
+    vocabulary, and no padding id (else the character with id 0 would be masked)."""
+    fields = {"pad_id": None, **dict(overrides or {}), "vocab_size": vocab_size}
+    config = get_preset(preset, **fields)
+    if config.arch == "encoder-decoder" and config.src_vocab_size is not None:
+        config = config.replace(src_vocab_size=vocab_size)
+    return config
+
+
+def encode(tokenizer: Tokenizer, text: str, what: str) -> tuple[list[int], list[str]]:
+    """Token ids of ``text`` and a readable label per token; an error if there are none."""
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise ValueError(f"the {what} is empty after tokenizing: give at least one token")
+    return ids, token_labels(tokenizer, text, ids)
+
+
+Encoded = tuple[list[int], list[str]]
+
+
+def as_trained(tokenizer: Tokenizer, source: Encoded, target: Encoded) -> tuple[Encoded, Encoded]:
+    """Encoder-decoder inputs framed as in training: source + </s>, <s> + target (BPE models;
+    a character model has no special tokens)."""
+    if not isinstance(tokenizer, BPETokenizer):
+        return source, target
+    from aiayn.data.bpe import BOS, EOS
+
+    (src, src_labels), (tgt, tgt_labels) = source, target
+    return ([*src, EOS], [*src_labels, "</s>"]), ([BOS, *tgt], ["<s>", *tgt_labels])
 
 
 def _load(
@@ -45,11 +79,7 @@ def _load(
             f"{name!r} is neither a checkpoint folder nor a preset; presets: {', '.join(presets())}"
         )
     tokenizer = CharTokenizer.from_text(text)
-    # One unpadded sequence: no id is padding (else the character with id 0 would be masked).
-    fields = {"pad_id": None, **dict(overrides or {}), "vocab_size": tokenizer.vocab_size}
-    config = get_preset(name, **fields)
-    if config.arch == "encoder-decoder" and config.src_vocab_size is not None:
-        config = config.replace(src_vocab_size=tokenizer.vocab_size)
+    config = untrained_config(name, tokenizer.vocab_size, overrides)
     if parameter_count(config) > MAX_PRESET_PARAMETERS:
         raise ValueError(
             f"preset {name!r} has {parameter_count(config):,} parameters, too many to build"
@@ -102,21 +132,12 @@ def attention_maps(
     max_len = model.config.max_len
     streams: list[tuple[str, list[torch.Tensor], list[str], list[str]]] = []
 
-    def encode(s: str, what: str) -> tuple[list[int], list[str]]:
-        ids = tokenizer.encode(s)
-        if not ids:
-            raise ValueError(f"the {what} is empty after tokenizing: give at least one token")
-        return ids, token_labels(tokenizer, s, ids)
-
-    src, src_labels = encode(text, "text")
+    src, src_labels = encode(tokenizer, text, "text")
     with torch.no_grad():
         if isinstance(model, EncoderDecoder):
-            tgt, tgt_labels = encode(target, "target text")
-            if isinstance(tokenizer, BPETokenizer):  # as trained: source + </s>, <s> + target
-                from aiayn.data.bpe import BOS, EOS
-
-                src, src_labels = [*src, EOS], [*src_labels, "</s>"]
-                tgt, tgt_labels = [BOS, *tgt], ["<s>", *tgt_labels]
+            (src, src_labels), (tgt, tgt_labels) = as_trained(
+                tokenizer, (src, src_labels), encode(tokenizer, target, "target text")
+            )
             for what, ids in (("text", src), ("target text", tgt)):
                 if len(ids) > max_len:
                     raise ValueError(

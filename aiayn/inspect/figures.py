@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.inspect.teaching import check_sizes, rounded
 from aiayn.inspect.teaching import positional_similarity as pe_similarity
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.positions import RotaryEmbedding, apply_rotary, sinusoidal_table
@@ -223,14 +224,9 @@ def all_layers(
 # ----- positions --------------------------------------------------------------------------
 
 
-def _check_sizes(max_len: int, d_model: int) -> None:
-    if max_len < 2 or d_model < 2:
-        raise ValueError(f"need max_len >= 2 and d_model >= 2, got {max_len} and {d_model}")
-
-
 def positional_encoding_image(max_len: int, d_model: int, path: str | Path) -> Path:
     """§3.5's table: dimension down (fast waves at the top), position across."""
-    _check_sizes(max_len, d_model)
+    check_sizes(max_len, d_model)
     table = sinusoidal_table(max_len, d_model).numpy()
     fig = _figure(6.4, 3.6)
     ax = fig.add_subplot()
@@ -306,10 +302,6 @@ def rope_relative_scores(dim: int, max_offset: int, path: str | Path, seed: int 
 # ----- worked examples --------------------------------------------------------------------
 
 
-def _rounded(x: Tensor, digits: int = 4) -> Any:
-    return np.round(x.detach().double().numpy(), digits).tolist()
-
-
 def _bars(ax: Axes, labels: list[str], values: list[float], title: str, color: str) -> None:
     bars = ax.bar(labels, values, color=color)
     ax.bar_label(bars, [f"{v:.3f}" for v in values], fontsize=8)
@@ -333,12 +325,12 @@ def example_trophy(path: str | Path) -> tuple[Path, Numbers]:
     scores = q @ k.T
     numbers: Numbers = {
         "tokens": tokens,
-        "query": _rounded(q[0]),
-        "scores": _rounded(scores[0]),
-        "scaled_scores": _rounded(scores[0] / math.sqrt(q.shape[-1])),
-        "weights": _rounded(w[0]),
-        "weights_unscaled": _rounded(w_raw[0]),
-        "output": _rounded(out[0]),
+        "query": rounded(q[0]),
+        "scores": rounded(scores[0]),
+        "scaled_scores": rounded(scores[0] / math.sqrt(q.shape[-1])),
+        "weights": rounded(w[0]),
+        "weights_unscaled": rounded(w_raw[0]),
+        "output": rounded(out[0]),
     }
     fig = _figure(9.0, 3.0)
     a, b, c = fig.subplots(1, 3)
@@ -367,11 +359,11 @@ def example_not_good(path: str | Path) -> tuple[Path, Numbers]:
     masked = scaled.masked_fill(torch.ones(2, 2, dtype=torch.bool).triu(1), float("-inf"))
     numbers: Numbers = {
         "tokens": tokens,
-        "scores": _rounded(scores),
-        "scaled_scores_masked": _rounded(masked),
-        "values": _rounded(v),
-        "weights": _rounded(w),
-        "output": _rounded(out),
+        "scores": rounded(scores),
+        "scaled_scores_masked": rounded(masked),
+        "values": rounded(v),
+        "weights": rounded(w),
+        "output": rounded(out),
     }
     fig = _figure(9.0, 3.0)
     a, b, c = fig.subplots(1, 3)

@@ -147,10 +147,8 @@ def reweight(scores: Tensor, *, temperature: float = 1.0, causal: bool = False) 
         or temperature <= 0
     ):
         raise ValueError(f"temperature={temperature!r} is invalid: expected a positive number")
-    t, s = scores.shape[-2], scores.shape[-1]
     scaled = scores.float() / temperature
     if causal:
-        if t > s:
-            raise ValueError(f"a causal mask needs at least as many keys as queries, got {t} > {s}")
+        t, s = scores.shape[-2:]
         scaled = scaled.masked_fill(~causal_mask(t, s, device=scores.device), float("-inf"))
     return torch.softmax(scaled, dim=-1)

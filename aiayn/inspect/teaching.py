@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from aiayn.nn.attention import scaled_dot_product_attention
@@ -40,12 +41,14 @@ SENTENCE: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = (
 PRONOUN = 7  # index of "it"
 
 
-def _round(x: torch.Tensor, digits: int = 4) -> Any:
-    return (
-        [round(float(v), digits) for v in x.flatten()]
-        if x.dim() <= 1
-        else [_round(row, digits) for row in x]
-    )
+def rounded(x: torch.Tensor, digits: int = 4) -> Any:
+    """A tensor as nested lists of floats rounded to ``digits`` (for printing and JSON)."""
+    return np.round(x.detach().double().numpy(), digits).tolist()
+
+
+def check_sizes(max_len: int, d_model: int) -> None:
+    if max_len < 2 or d_model < 2:
+        raise ValueError(f"need max_len >= 2 and d_model >= 2, got {max_len} and {d_model}")
 
 
 def query_walkthrough(query: int = PRONOUN, *, scale: bool = True) -> dict[str, Any]:
@@ -74,15 +77,15 @@ def query_walkthrough(query: int = PRONOUN, *, scale: bool = True) -> dict[str, 
         "features": list(FEATURES),
         "query_index": query,
         "query_token": SENTENCE[query][0],
-        "query": _round(q[0]),
-        "keys": _round(keys),
-        "values": _round(keys),
+        "query": rounded(q[0]),
+        "keys": rounded(keys),
+        "values": rounded(keys),
         "d": d,
         "divisor": round(divisor, 4),
-        "scores": _round(scores),
-        "scaled": _round(scores / divisor),
-        "weights": _round(weights[0]),
-        "output": _round(out[0]),
+        "scores": rounded(scores),
+        "scaled": rounded(scores / divisor),
+        "weights": rounded(weights[0]),
+        "output": rounded(out[0]),
     }
 
 
@@ -109,12 +112,12 @@ def soft_lookup(between: float = 0.5, length: float = 1.0) -> dict[str, Any]:
     w = weights[0]
     entropy = float(-(w * w.clamp_min(1e-12).log()).sum())
     return {
-        "keys": _round(keys),
-        "values": _round(values),
-        "query": _round(q[0]),
-        "scores": _round((q @ keys.T)[0]),
-        "weights": _round(w),
-        "output": _round(out[0]),
+        "keys": rounded(keys),
+        "values": rounded(values),
+        "query": rounded(q[0]),
+        "scores": rounded((q @ keys.T)[0]),
+        "weights": rounded(w),
+        "output": rounded(out[0]),
         "entropy": round(entropy, 4),
     }
 
@@ -122,9 +125,8 @@ def soft_lookup(between: float = 0.5, length: float = 1.0) -> dict[str, Any]:
 def positional_similarity(max_len: int, d_model: int, position: int) -> list[float]:
     """PE(position) . PE(p) for p = 0..max_len-1 (§3.5): peaks at ``position``, falls off with
     distance, and has the same shape wherever ``position`` is."""
-    if max_len < 2 or d_model < 2:
-        raise ValueError(f"need max_len >= 2 and d_model >= 2, got {max_len} and {d_model}")
+    check_sizes(max_len, d_model)
     if not 0 <= position < max_len:
         raise ValueError(f"position {position} is out of range 0..{max_len - 1}")
     table = sinusoidal_table(max_len, d_model)  # (P, C)
-    return [round(float(v), 4) for v in table @ table[position]]
+    return rounded(table @ table[position])

@@ -167,7 +167,6 @@ async function refreshNextToken() {
 }
 
 function refresh() {
-  $("temperature-value").textContent = Number($("temperature").value).toFixed(2);
   refreshAttention();
   refreshNextToken();
 }
@@ -263,13 +262,19 @@ async function start() {
   const later = debounce(refresh, 250);
   $("model").addEventListener("change", onModelChange);
   $("stream").addEventListener("change", onStreamChange);
-  for (const id of ["layer", "head", "causal"]) $(id).addEventListener("change", refresh);
+  // Layer, head, mask and temperature change only the attention view: no next-token request.
+  for (const id of ["layer", "head", "causal"]) {
+    $(id).addEventListener("change", refreshAttention);
+  }
   $("text").addEventListener("input", later);
   $("text").addEventListener("keydown", (e) => { if (e.key === "Enter") refresh(); });
   $("target").addEventListener("input", later);
   $("show").addEventListener("click", refresh);
   $("translate").addEventListener("click", translate);
-  $("temperature").addEventListener("input", debounce(refresh, 60));
+  $("temperature").addEventListener("input", debounce(() => {
+    $("temperature-value").textContent = Number($("temperature").value).toFixed(2);
+    refreshAttention();
+  }, 60));
   $("sample-temperature").addEventListener("input", debounce(() => {
     $("sample-temperature-value").textContent = Number($("sample-temperature").value).toFixed(2);
     refreshNextToken();
