@@ -20,8 +20,6 @@ from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
 from aiayn.train.loop import CHECKPOINT, fit, prepare_run
-from aiayn.train.optim import build_adamw
-from aiayn.train.schedule import cosine_schedule
 from aiayn.train.state import TrainState
 
 
@@ -135,20 +133,12 @@ def train_lm(
     task = LMTask(
         stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches
     )
-    optimizer = build_adamw(
-        model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
-    )
     return fit(
         model,
         task,
-        tc,
+        run,
         out,
         tokenizer=tokenizer,
-        run_dict=run.to_dict() | {"model": model.config.to_dict()},
-        optimizer=optimizer,
-        schedule=lambda step: cosine_schedule(
-            step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
-        ),
         state=state,
         stop_after=stop_after,
         progress=progress,

@@ -21,7 +21,6 @@ import csv
 import math
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +31,9 @@ from tqdm import tqdm
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
 from aiayn.nn.moe import RouterStats
-from aiayn.train.config import TrainConfig
+from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train.optim import build_adamw
+from aiayn.train.schedule import lr_schedule
 from aiayn.train.state import TrainState, load_checkpoint, save_checkpoint, save_snapshot
 
 CHECKPOINT = "checkpoint"  # the latest resumable checkpoint, inside the run folder
@@ -86,17 +87,20 @@ def world_info() -> tuple[int, int]:
 def fit(
     model: TransformerModel,
     task: Task,
-    tc: TrainConfig,
+    run: RunConfig,
     out: Path,
     *,
     tokenizer: Tokenizer,
-    run_dict: dict[str, Any],
-    optimizer: torch.optim.Optimizer,
-    schedule: Callable[[int], float],
     state: TrainState | None = None,
     stop_after: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
+    tc = run.train
+    run_dict = run.to_dict() | {"model": model.config.to_dict()}
+    optimizer = build_adamw(
+        model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
+    )
+    schedule = lr_schedule(tc, model.config.d_model)
     rank, world = world_info()
     start, history = 0, []
     if state is not None:

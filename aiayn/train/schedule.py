@@ -10,6 +10,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiayn.train.config import TrainConfig
 
 
 def paper_schedule(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -24,3 +29,15 @@ def cosine_schedule(step: int, *, lr: float, min_lr: float, warmup: int, total: 
         return min_lr
     progress = (step - warmup) / max(1, total - warmup)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def lr_schedule(tc: TrainConfig, d_model: int) -> Callable[[int], float]:
+    """Step (from 0) -> learning rate, as ``tc.schedule`` names it: "paper" (Eq. 3, with
+    ``tc.lr`` as its factor) or "cosine" (warm-up to ``tc.lr``, decay to ``tc.min_lr``)."""
+    if tc.schedule == "paper":
+        return lambda step: paper_schedule(
+            step + 1, d_model=d_model, warmup=tc.warmup_steps, factor=tc.lr
+        )
+    return lambda step: cosine_schedule(
+        step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
+    )

@@ -24,8 +24,6 @@ from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
 from aiayn.train.loop import CHECKPOINT, fit, prepare_run
-from aiayn.train.optim import build_adamw
-from aiayn.train.schedule import cosine_schedule, paper_schedule
 from aiayn.train.state import TrainState
 
 Example = tuple[list[int], list[int]]  # source ids + EOS; BOS + target ids + EOS
@@ -174,30 +172,12 @@ def train_translation(
     task = TranslationTask(
         train, valid, max_tokens=max_tokens, label_smoothing=tc.label_smoothing, seed=tc.seed
     )
-    optimizer = build_adamw(
-        model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
-    )
-    d_model = model.config.d_model
-    if tc.schedule == "paper":
-
-        def schedule(step: int) -> float:
-            return paper_schedule(step + 1, d_model=d_model, warmup=tc.warmup_steps, factor=tc.lr)
-    else:
-
-        def schedule(step: int) -> float:
-            return cosine_schedule(
-                step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
-            )
-
     result = fit(
         model,
         task,
-        tc,
+        run,
         out,
         tokenizer=tokenizer,
-        run_dict=run.to_dict() | {"model": model.config.to_dict()},
-        optimizer=optimizer,
-        schedule=schedule,
         state=state,
         stop_after=stop_after,
         progress=progress,

@@ -128,3 +128,22 @@ def test_trains_a_mixture_of_experts(setup: tuple[Path, Path]) -> None:
     assert losses[-1] < losses[0]
     model, _, _, _ = load_checkpoint(root / "moe" / "checkpoint")
     assert model.config.n_experts == 4
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "paper"])
+def test_the_language_model_follows_the_configured_schedule(
+    setup: tuple[Path, Path], schedule: str
+) -> None:
+    root, cfg_path = setup
+    run = load_run_config(cfg_path, {"train.schedule": schedule, "train.lr": 2.0})
+    result = train_lm(run, root / schedule, root, progress=False)
+    tc = run.train
+    expected = [
+        paper_schedule(step + 1, d_model=32, warmup=tc.warmup_steps, factor=tc.lr)
+        if schedule == "paper"
+        else cosine_schedule(
+            step, lr=tc.lr, min_lr=tc.min_lr, warmup=tc.warmup_steps, total=tc.max_steps
+        )
+        for step in range(tc.max_steps)
+    ]
+    assert [h["lr"] for h in result["history"]] == pytest.approx(expected)
