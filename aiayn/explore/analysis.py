@@ -20,9 +20,8 @@ from aiayn.data.tokenizer import BPETokenizer
 from aiayn.explore.registry import Loaded
 from aiayn.generate.sampling import SamplingConfig, next_token_distribution
 from aiayn.inspect.attention_maps import as_trained, encode
-from aiayn.inspect.scores import AttentionScores, record_scores, reweight
+from aiayn.inspect.scores import AttentionScores, record_scores, reweight, view_mask
 from aiayn.models import EncoderDecoder
-from aiayn.nn.masks import causal_mask
 
 
 class TooLong(ValueError):
@@ -127,9 +126,12 @@ def attention_view(
         causal = False
     elif causal is None:
         causal = model_causal
-    weights = reweight(scores, temperature=temperature, causal=causal)  # (H, T, S)
+    window = layers[layer].window
+    weights = reweight(scores, temperature=temperature, causal=causal, window=window)  # (H, T, S)
     shown = weights.mean(0) if head is None else weights[head]  # (T, S)
-    keep = causal_mask(*shown.shape) if causal else torch.ones_like(shown, dtype=torch.bool)
+    keep = view_mask(shown.shape[0], shown.shape[1], causal, window)
+    if keep is None:
+        keep = torch.ones_like(shown, dtype=torch.bool)
     grid = [
         [round(w, 5) if k else None for w, k in zip(row, keep_row, strict=True)]
         for row, keep_row in zip(shown.tolist(), keep.tolist(), strict=True)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.nn.attention import _reference, register_backend
-from aiayn.nn.masks import causal_mask
+from aiayn.nn.masks import structural_mask
 from aiayn.nn.multihead import MultiHeadAttention
 
 RECORDING_BACKEND = "record-scores"
@@ -135,12 +135,20 @@ def record_scores(model: nn.Module) -> Iterator[list[AttentionScores]]:
         out.append(AttentionScores(name, stream, layer, scores, causal, window))
 
 
-def reweight(scores: Tensor, *, temperature: float = 1.0, causal: bool = False) -> Tensor:
+def view_mask(t: int, s: int, causal: bool, window: int | None) -> Tensor | None:
+    """The (T, S) mask of a view: causal -- within ``window`` if the layer has one -- or none."""
+    return structural_mask(t, s, causal, window if causal else None)
+
+
+def reweight(
+    scores: Tensor, *, temperature: float = 1.0, causal: bool = False, window: int | None = None
+) -> Tensor:
     """(..., T, S) scores -> weights ``softmax(scores / temperature)``, optionally causal.
 
-    With ``causal`` the query i (at position S - T + i) may not see later keys, and those
-    weights are exactly 0.  ``temperature`` < 1 sharpens each row, > 1 flattens it; 1 gives
-    back what the layer computed (when ``causal`` matches the model's own mask).
+    With ``causal`` the query i (at position S - T + i) may not see later keys -- nor, with a
+    sliding ``window``, keys ``window`` or more positions back -- and those weights are exactly
+    0.  ``temperature`` < 1 sharpens each row, > 1 flattens it; 1 gives back what the layer
+    computed (when ``causal`` and ``window`` match the model's own mask).
     """
     if (
         not (isinstance(temperature, int | float) and math.isfinite(temperature))
@@ -148,7 +156,7 @@ def reweight(scores: Tensor, *, temperature: float = 1.0, causal: bool = False) 
     ):
         raise ValueError(f"temperature={temperature!r} is invalid: expected a positive number")
     scaled = scores.float() / temperature
-    if causal:
-        t, s = scores.shape[-2:]
-        scaled = scaled.masked_fill(~causal_mask(t, s, device=scores.device), float("-inf"))
+    mask = view_mask(scores.shape[-2], scores.shape[-1], causal, window)
+    if mask is not None:
+        scaled = scaled.masked_fill(~mask.to(scores.device), float("-inf"))
     return torch.softmax(scaled, dim=-1)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.nn.masks import causal_mask, sliding_window_mask
+from aiayn.nn.masks import structural_mask
 
 ScaleArg = bool | float
 
@@ -48,16 +48,6 @@ class Backend(Protocol):
         dropout_p: float,
         return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]: ...
-
-
-def _structural_mask(
-    t: int, s: int, is_causal: bool, window: int | None, device: torch.device
-) -> Tensor | None:
-    if window is not None:
-        return sliding_window_mask(t, s, window=window, device=device)
-    if is_causal:
-        return causal_mask(t, s, device=device)
-    return None
 
 
 def _reference(
@@ -85,7 +75,7 @@ def _reference(
                 mask = mask.unsqueeze(-3)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T, S)
     masked = False
-    structural = _structural_mask(t, s, is_causal, window, q.device)
+    structural = structural_mask(t, s, is_causal, window, q.device)
     if structural is not None:
         scores = scores.masked_fill(~structural, float("-inf"))
         masked = True
@@ -133,7 +123,7 @@ def _sdpa(
             q, k, v, is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa
         )
         return out, None
-    structural = _structural_mask(t, s, is_causal, window, q.device)
+    structural = structural_mask(t, s, is_causal, window, q.device)
     if mask is None:
         attn = structural
     elif mask.dtype == torch.bool:

@@ -41,6 +41,18 @@ def sliding_window_mask(
     return (k_pos <= q_pos) & (k_pos > q_pos - window)
 
 
+def structural_mask(
+    t: int, s: int, is_causal: bool, window: int | None, device: torch.device | None = None
+) -> Tensor | None:
+    """The (T, S) mask a causal or sliding-window (which implies causal) attention applies
+    whatever the input: None when there is none."""
+    if window is not None:
+        return sliding_window_mask(t, s, window=window, device=device)
+    if is_causal:
+        return causal_mask(t, s, device=device)
+    return None
+
+
 def padding_mask(
     *,
     lengths: Tensor | None = None,

@@ -171,3 +171,20 @@ def test_encoder_only_preset_sees_both_ways_until_masked(client):
     assert masked["weights"][0][1:] == [None] * 4
     status, err = client.request("/api/next-token", body)
     assert status == 422 and "encoder" in err["error"]
+
+
+def test_a_sliding_window_model_shows_its_window():
+    from aiayn.explore.registry import Registry
+
+    reg = Registry()
+    name = reg.add_preset(
+        "gpt2-small", n_layers=1, d_model=32, n_heads=4, d_ff=64, max_len=32, sliding_window=3
+    )
+    view = analysis.attention_view(reg.get(name), "abcdef")
+    for i, row in enumerate(view["weights"]):
+        seen = [j for j, w in enumerate(row) if w is not None]
+        assert seen == list(range(max(0, i - 2), i + 1))  # itself and the two before
+    assert all(
+        w is not None
+        for w in analysis.attention_view(reg.get(name), "abcdef", causal=False)["weights"][0]
+    )

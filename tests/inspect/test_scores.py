@@ -69,3 +69,17 @@ def test_reweight_temperature_and_mask():
     torch.testing.assert_close(causal.sum(-1), torch.ones(3))
     with pytest.raises(ValueError, match="temperature"):
         reweight(scores, temperature=0)
+
+
+def test_sliding_window_scores_reweight_to_the_layers_own_weights():
+    model = _small("gpt2-small", sliding_window=3)
+    ids = torch.randint(1, 20, (1, 9))
+    with torch.no_grad():
+        _, expected = model.forward_with_weights(ids)
+        with record_scores(model) as recorded:
+            model(ids)
+    for r, w in zip(recorded, expected, strict=True):
+        assert r.window == 3
+        weights = reweight(r.scores, causal=True, window=r.window)
+        torch.testing.assert_close(weights, w, atol=1e-5, rtol=1e-5)
+        assert torch.equal(weights[..., 5, :3], torch.zeros(1, 4, 3))  # 3 or more back: unseen
