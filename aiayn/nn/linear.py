@@ -69,9 +69,9 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if not _fast_path(x, self.weight) or torch.jit.is_scripting():
             return F.linear(x, self.weight, self.bias)
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if self.packed is not None and not torch.is_grad_enabled():
             return _onednn(x, self.packed, self.bias)
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if rows < MIN_ROWS or torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])  # (N, I)

@@ -48,10 +48,7 @@ def load_balancing_loss(probs: Tensor, chosen: Tensor, n_experts: int) -> Tensor
 
     probs: (N, E) router probabilities; chosen: (N, K) expert indices per token.
     """
-    counts = torch.zeros(n_experts, dtype=probs.dtype, device=probs.device)
-    counts.index_add_(
-        0, chosen.flatten(), torch.ones(chosen.numel(), dtype=probs.dtype, device=probs.device)
-    )
+    counts = torch.bincount(chosen.flatten(), minlength=n_experts).to(probs.dtype)
     f = counts / chosen.numel()  # (E,) fraction of assignments
     p = probs.mean(0)  # (E,) mean router probability
     return n_experts * (f * p).sum()
@@ -97,8 +94,12 @@ class MixtureOfExperts(nn.Module):
         )
         out = torch.zeros_like(flat)
         dropped = 0
-        for e, expert in enumerate(self.experts):
-            token, slot = (chosen == e).nonzero(as_tuple=True)  # assignments to e, token order
+        # Assignments grouped by expert, each group in token order (a stable sort of the flat
+        # (token, slot) indices): one pass, one host sync for the group sizes.
+        order = chosen.flatten().argsort(stable=True)  # (N*K,)
+        groups = order.split(load.tolist())
+        for expert, idx in zip(self.experts, groups, strict=True):
+            token, slot = idx // self.top_k, idx % self.top_k
             if token.numel() > capacity:
                 dropped += token.numel() - capacity
                 token, slot = token[:capacity], slot[:capacity]
