@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.blocks import Block, Weights
 from aiayn.nn.cache import LayerCache
+from aiayn.nn.loss import linear_cross_entropy
 from aiayn.nn.multihead import Rotary
 from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import LearnedPositions, RotaryEmbedding
@@ -92,6 +93,22 @@ class TransformerModel(nn.Module):
                 nn.init.normal_(module.weight, 0.0, std)
             elif isinstance(module, LearnedPositions):
                 nn.init.normal_(module.weight, 0.0, c.init_std)
+
+    def output_loss(
+        self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, ignore_index: int = -100
+    ) -> Tensor:
+        """Mean cross entropy of the output projection of ``x`` (B, T, C) against ``targets``
+        (B, T), computed in chunks without materialising the (B, T, V) logits
+        (aiayn/nn/loss.py).  Rows whose target is ``ignore_index`` are skipped."""
+        head = self.head
+        assert isinstance(head, nn.Linear)
+        return linear_cross_entropy(
+            x,
+            head.weight,
+            targets,
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+        )
 
     def _positions(self, t: int, offset: int, device: torch.device) -> Tensor:
         """(T,) positions offset..offset+T-1, checked against max_len."""

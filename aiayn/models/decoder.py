@@ -74,18 +74,27 @@ class DecoderLM(TransformerModel):
         attention_mask: Tensor | None = None,
         cache: Cache | None = None,
         aux: list[RouterStats] | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> Tensor:
         """(B, T) ids -> (B, T, V) next-token logits.  With a mixture of experts, each layer's
-        router statistics (load-balancing loss, dropped assignments) are appended to ``aux``."""
-        return self._run(ids, attention_mask, cache, None, aux)
+        router statistics (load-balancing loss, dropped assignments) are appended to ``aux``.
+
+        With ``targets`` (B, T) -- the next token at every position, -100 where there is none
+        -- the mean cross entropy instead, computed without the (B, T, V) logits.
+        """
+        x = self._run(ids, attention_mask, cache, None, aux)  # (B, T, C)
+        if targets is None:
+            return self.head(x)
+        return self.output_loss(x, targets, label_smoothing=label_smoothing)
 
     def forward_with_weights(
         self, ids: Tensor, *, attention_mask: Tensor | None = None
     ) -> tuple[Tensor, list[Tensor]]:
         """Logits and every layer's (B, H, T, T) attention weights (reference backend)."""
         weights: Weights = []
-        logits = self._run(ids, attention_mask, None, weights, None)
-        return logits, [w for w in weights if w is not None]
+        x = self._run(ids, attention_mask, None, weights, None)
+        return self.head(x), [w for w in weights if w is not None]
 
     def _run(
         self,
@@ -125,4 +134,4 @@ class DecoderLM(TransformerModel):
             weights=weights,
             aux=aux,
         )
-        return self.head(x)  # (B, T, V)
+        return x  # (B, T, C): the head is applied by the caller

@@ -17,6 +17,7 @@ from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.blocks import Weights
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.linear import Linear
+from aiayn.nn.loss import linear_cross_entropy
 from aiayn.nn.masks import key_padding_to_attention
 from aiayn.nn.moe import RouterStats
 from aiayn.nn.norms import build_norm
@@ -31,9 +32,13 @@ class MaskedLMHead(nn.Module):
         self.proj = Linear(c.d_model, c.vocab_size, bias=True)
         self.tanh_gelu = c.activation == "gelu_tanh"
 
-    def forward(self, x: Tensor) -> Tensor:
+    def transform(self, x: Tensor) -> Tensor:
+        """(B, T, C) -> (B, T, C): everything before the projection to the vocabulary."""
         h = F.gelu(self.dense(x), approximate="tanh" if self.tanh_gelu else "none")  # (B, T, C)
-        return self.proj(self.norm(h))  # (B, T, V)
+        return self.norm(h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.transform(x))  # (B, T, V)
 
 
 class EncoderLM(TransformerModel):
@@ -81,9 +86,24 @@ class EncoderLM(TransformerModel):
         *,
         attention_mask: Tensor | None = None,
         aux: list[RouterStats] | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> Tensor:
-        """(B, T) ids -> (B, T, V) logits for the masked-token prediction."""
-        return self.head(self.encode(ids, attention_mask=attention_mask, aux=aux))
+        """(B, T) ids -> (B, T, V) logits for the masked-token prediction.
+
+        With ``targets`` (B, T) -- the original token where one was masked, -100 elsewhere --
+        the mean cross entropy over the masked positions instead, without the logits.
+        """
+        x = self.encode(ids, attention_mask=attention_mask, aux=aux)  # (B, T, C)
+        if targets is None:
+            return self.head(x)
+        return linear_cross_entropy(
+            self.head.transform(x),
+            self.head.proj.weight,
+            targets,
+            bias=self.head.proj.bias,
+            label_smoothing=label_smoothing,
+        )
 
     def forward_with_weights(
         self, ids: Tensor, *, attention_mask: Tensor | None = None

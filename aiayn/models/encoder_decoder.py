@@ -94,8 +94,10 @@ class EncoderDecoder(TransformerModel):
         cache: Cache | None = None,
         weights: Weights | None = None,
         aux: list[RouterStats] | None = None,
+        features_only: bool = False,
     ) -> Tensor:
-        """(B, T) target ids (shifted right) -> (B, T, V) logits.
+        """(B, T) target ids (shifted right) -> (B, T, V) logits, or the (B, T, C) vectors
+        before the output projection with ``features_only``.
 
         With ``cache``, ``tgt`` holds only the new positions; ``memory`` may be None after the
         first step (cross-attention keys/values are cached).
@@ -120,7 +122,7 @@ class EncoderDecoder(TransformerModel):
             weights=weights,
             aux=aux,
         )
-        return self.head(x)  # (B, T, V)
+        return x if features_only else self.head(x)  # (B, T, C) or (B, T, V)
 
     def forward(
         self,
@@ -129,10 +131,24 @@ class EncoderDecoder(TransformerModel):
         *,
         src_mask: Tensor | None = None,
         aux: list[RouterStats] | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> Tensor:
-        """(B, S) source and (B, T) shifted target ids -> (B, T, V) logits."""
+        """(B, S) source and (B, T) shifted target ids -> (B, T, V) logits.
+
+        With ``targets`` (B, T), the mean (label-smoothed, §5.4) cross entropy over the target
+        tokens that are not padding instead -- computed without the (B, T, V) logits.
+        """
         memory, keep = self.encode(src, src_mask, aux=aux)
-        return self.decode(tgt, memory, keep, aux=aux)
+        if targets is None:
+            return self.decode(tgt, memory, keep, aux=aux)
+        x = self.decode(tgt, memory, keep, aux=aux, features_only=True)  # (B, T, C)
+        return self.output_loss(
+            x,
+            targets,
+            label_smoothing=label_smoothing,
+            ignore_index=-100 if self.config.pad_id is None else self.config.pad_id,
+        )
 
     def forward_with_weights(
         self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None

@@ -9,6 +9,13 @@ tiny inputs).  Same maths, same parameters, same ``state_dict`` as ``torch.nn.Li
 results agree to fp32 rounding (tests/nn/test_linear.py), and ``benchmarks/`` measures the
 speed against the plain path in the same run.
 
+The unpacked oneDNN path is off unless a caller turns it on with :func:`use_onednn`.  oneDNN
+builds and keeps a kernel (and its scratch memory) for every row count it meets.  For a model
+trained on fixed shapes (a language model's B × T windows) that is one set of kernels; for
+token-count batches, whose row count changes at every step, a Multi30k run grew by 0.4 GB
+every 20 steps and reached 7.8 GB.  Rows are also padded to a multiple of ``ROW_MULTIPLE`` to
+bound the shapes it sees.
+
 For decoding (one or a few rows per step) oneDNN wants the weight pre-arranged ("packed")
 once; :func:`packed_for_inference` does that for the duration of a ``with`` block, and
 generation uses it.
@@ -28,27 +35,61 @@ from torch import Tensor, nn
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 MIN_ROWS = 16  # below this, oneDNN without a packed weight is slower than F.linear
+# oneDNN compiles a kernel for each distinct row count it meets and keeps it for the life of
+# the process: token-count batches have a new row count almost every step, and a Multi30k run
+# grew by gigabytes of such kernels.  Rows are padded (with zeros) to a multiple of this, which
+# bounds the distinct shapes to a few dozen at the cost of < 64 idle rows per product.
+ROW_MULTIPLE = 64
 
 
 def _onednn(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
+def _pad_rows(x: Tensor) -> Tensor:
+    """(N, F) -> (N', F) with N' the next multiple of ROW_MULTIPLE, zero rows appended (up to
+    ROW_MULTIPLE rows are left as they are: there are few such shapes)."""
+    extra = -x.shape[0] % ROW_MULTIPLE
+    return F.pad(x, (0, 0, 0, extra)) if extra and x.shape[0] > ROW_MULTIPLE else x
+
+
 class _OneDNNLinear(torch.autograd.Function):
+    """The three products of a linear layer on oneDNN, on rows padded to ROW_MULTIPLE (zero
+    rows add nothing to ``dW`` and their outputs are dropped)."""
+
     @staticmethod
     def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
-        return _onednn(x, w, b)  # (N, O)
+        n = x.shape[0]
+        xp = _pad_rows(x)  # (N', I)
+        ctx.save_for_backward(xp, w)
+        ctx.has_bias, ctx.rows = b is not None, n
+        return _onednn(xp, w, b)[:n]  # (N, O)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        x, w = ctx.saved_tensors
-        grad = grad.contiguous()
-        dx = _onednn(grad, w.t(), None) if ctx.needs_input_grad[0] else None  # (N, I) = dY W
-        dw = _onednn(grad.t(), x.t(), None) if ctx.needs_input_grad[1] else None  # (O, I)
+        xp, w = ctx.saved_tensors
+        n = ctx.rows
+        gp = _pad_rows(grad.contiguous())  # (N', O)
+        dx = _onednn(gp, w.t(), None)[:n] if ctx.needs_input_grad[0] else None  # (N, I) = dY W
+        dw = _onednn(gp.t(), xp.t(), None) if ctx.needs_input_grad[1] else None  # (O, I)
         db = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db
+
+
+_enabled = False  # the unpacked path, for inputs with fixed shapes (see the module docstring)
+
+
+@contextmanager
+def use_onednn(enabled: bool = True) -> Iterator[None]:
+    """Within the block, :class:`Linear` layers run their products on oneDNN (when the input
+    qualifies).  Use it for work whose shapes repeat; packed inference weights are used
+    whatever this says."""
+    global _enabled
+    previous, _enabled = _enabled, enabled
+    try:
+        yield
+    finally:
+        _enabled = previous
 
 
 def _fast_path(x: Tensor, w: Tensor) -> bool:
@@ -69,14 +110,15 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if not _fast_path(x, self.weight) or torch.jit.is_scripting():
             return F.linear(x, self.weight, self.bias)
-        if self.packed is not None and not torch.is_grad_enabled():
-            return _onednn(x, self.packed, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if rows < MIN_ROWS or torch.compiler.is_compiling():
-            return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])  # (N, I)
-        out = _OneDNNLinear.apply(flat, self.weight, self.bias)
-        return out.view(*x.shape[:-1], out.shape[-1])
+        if self.packed is not None and not torch.is_grad_enabled():
+            out = _onednn(_pad_rows(flat), self.packed, self.bias)[:rows]
+        elif not _enabled or rows < MIN_ROWS or torch.compiler.is_compiling():
+            return F.linear(x, self.weight, self.bias)
+        else:
+            out = _OneDNNLinear.apply(flat, self.weight, self.bias)
+        return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
 
 
 @contextmanager

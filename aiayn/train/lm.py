@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
@@ -27,8 +26,7 @@ def lm_loss(
     model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, aux: list[RouterStats] | None = None
 ) -> torch.Tensor:
     """Next-token cross entropy (nats per token); MoE router statistics go to ``aux``."""
-    logits = model(x, aux=aux)  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+    return model(x, aux=aux, targets=y)
 
 
 @torch.no_grad()

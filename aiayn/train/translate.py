@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from aiayn.data.batching import pad, padding_fraction, token_batches
 from aiayn.data.bpe import BOS, EOS, PAD
@@ -92,13 +91,7 @@ class TranslationTask:
         self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
     ) -> tuple[torch.Tensor, int]:
         src, tgt_in, tgt_out = batch
-        logits = model(src, tgt_in, aux=aux)  # (B, T, V)
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            tgt_out.flatten(),
-            ignore_index=PAD,
-            label_smoothing=self.label_smoothing,
-        )
+        loss = model(src, tgt_in, aux=aux, targets=tgt_out, label_smoothing=self.label_smoothing)
         return loss, int((tgt_out != PAD).sum())
 
     @torch.no_grad()
@@ -109,16 +102,9 @@ class TranslationTask:
         total, tokens = 0.0, 0
         for b in self.valid_batches:
             src, tgt_in, tgt_out = collate([self.valid[i] for i in b])
-            logits = model(src, tgt_in)
-            total += float(
-                F.cross_entropy(
-                    logits.flatten(0, 1).float(),
-                    tgt_out.flatten(),
-                    ignore_index=PAD,
-                    reduction="sum",
-                )
-            )
-            tokens += int((tgt_out != PAD).sum())
+            n = int((tgt_out != PAD).sum())
+            total += float(model(src, tgt_in, targets=tgt_out)) * n
+            tokens += n
         model.train(was)
         return total / tokens if tokens else float("nan")
 

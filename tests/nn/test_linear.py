@@ -6,23 +6,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.nn.linear import MIN_ROWS, Linear, packed_for_inference
+import aiayn.nn.linear as linear_module
+from aiayn.nn.linear import MIN_ROWS, ROW_MULTIPLE, Linear, packed_for_inference, use_onednn
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(64, 24), (3, 20, 24), (MIN_ROWS - 1, 24)])
+@pytest.mark.parametrize(
+    "shape", [(64, 24), (3, 20, 24), (MIN_ROWS - 1, 24), (2 * ROW_MULTIPLE + 5, 24), (3, 50, 24)]
+)
 def test_forward_and_gradients_equal_f_linear(bias: bool, shape: tuple[int, ...]) -> None:
     torch.manual_seed(0)
     layer = Linear(24, 40, bias=bias)
     x = torch.randn(*shape, requires_grad=True)
-    out = layer(x)
+    with use_onednn():
+        out = layer(x)
     ref_x = x.detach().clone().requires_grad_(True)
     w = layer.weight.detach().clone().requires_grad_(True)
     b = layer.bias.detach().clone().requires_grad_(True) if bias else None
     ref = F.linear(ref_x, w, b)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     probe = torch.randn_like(ref)
-    (out * probe).sum().backward()
+    with use_onednn():
+        (out * probe).sum().backward()
     (ref * probe).sum().backward()
     torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(layer.weight.grad, w.grad, atol=1e-4, rtol=1e-5)
@@ -61,3 +66,21 @@ def test_packed_inference_equals_and_is_released() -> None:
         out = model(x8)
         out.sum().backward()
     assert model[0].weight.grad is not None
+
+
+def test_onednn_training_path_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    original = linear_module._OneDNNLinear.apply
+    monkeypatch.setattr(
+        linear_module._OneDNNLinear, "apply", lambda *a: calls.append(1) or original(*a)
+    )
+    layer = Linear(8, 8)
+    x = torch.randn(200, 8)
+    layer(x)
+    assert not calls  # off by default: varied shapes would grow oneDNN's kernel caches
+    with use_onednn():
+        layer(x)
+    if linear_module._ONEDNN:
+        assert calls
+    layer(x)
+    assert len(calls) <= 1  # restored on exit
