@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -11,12 +10,16 @@ from pathlib import Path
 
 import torch
 
+from aiayn.checkpoint import load_bundle
 from aiayn.config import presets
 from aiayn.data.files import data_dir
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
 from aiayn.models import DecoderLM, EncoderDecoder, build_model
+from aiayn.train.loop import FitResult
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo_de_en.toml"
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, object]:
@@ -59,9 +62,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_calc(args: argparse.Namespace) -> int:
     """Parameters, FLOPs and memory from the config alone (nothing is built)."""
-    from aiayn.inspect.calc import cost_report, format_cost_report, load_config
+    from aiayn.inspect.calc import cost_report, format_cost_report, resolve_calc_config
 
-    name, config = load_config(args.model, _overrides(args.set))
+    name, config = resolve_calc_config(args.model, _overrides(args.set))
     report = cost_report(config, args.context, args.batch, args.dtype, name=name)
     print(report.to_json() if args.json else format_cost_report(report))
     return 0
@@ -129,37 +132,66 @@ def cmd_inspect_example(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_result(result: FitResult) -> None:
+    if result.already_complete:
+        print(
+            f"the run is already complete: step {result.step} of {result.max_steps};"
+            f" validation loss {result.val_loss:.4f} nats/token; checkpoint {result.checkpoint}"
+        )
+        return
+    padding = result.padding_fraction
+    print(
+        f"step {result.step} of {result.max_steps}: validation loss {result.val_loss:.4f}"
+        f" nats/token (final model); {result.tokens_per_s:,.0f} target tokens/s"
+        + (f"; padding {padding:.1%} of batch slots" if padding is not None else "")
+        + f"; peak memory {result.peak_rss_mib:,.0f} MiB; checkpoint {result.checkpoint}"
+    )
+    if result.skipped_steps:
+        print(f"updates skipped (loss not finite) at steps {result.skipped_steps}")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: train the paper's model on Multi30k for a few minutes, translate, score."""
+    """The main job: train the paper's model on Multi30k for a fixed number of steps, then
+    translate test sentences with beam search and score them."""
+    from aiayn.checkpoint import RunDir, read_run
     from aiayn.data.parallel import multi30k
     from aiayn.evaluate.translation import score, translate
+    from aiayn.inspect.machine import matmul_gflops
     from aiayn.train.config import load_run_config
     from aiayn.train.translate import train_translation
 
+    t_start = time.perf_counter()
     root = data_dir(args.data)
-    run = load_run_config(
-        args.config,
-        # The hour-long recipe, cut short (a shorter warm-up with a higher peak measured worse).
-        {"train.max_minutes": args.minutes, "train.keep_snapshots": 0, "train.eval_interval": 100},
-    )
-    print(f"training {args.config} on {root / 'multi30k'} for at most {args.minutes} minutes")
-    result = train_translation(run, args.out, root)
-    model, tokenizer = _load_translator(result["checkpoint"])
-    print(summarize(model))
+    run = load_run_config(args.config, _overrides(args.set))
+    rd = RunDir(args.out)
+    rd.recover()
+    latest = rd.latest()
+    resume = latest is not None and read_run(latest).get("train") == run.to_dict()["train"]
     print(
-        f"trained {result['history'][-1]['step']} steps in {result['seconds'] / 60:.1f} min,"
-        f" {result['tokens_per_s']:,.0f} target tokens/s; validation loss {result['val_loss']:.3f}"
+        f"aiayn demo: {args.config}, {run.train.max_steps} steps of about"
+        f" {run.train.max_tokens} tokens, on {root / 'multi30k'}"
+        f" (this host: torch.mm at {matmul_gflops():.0f} GFLOP/s in fp32,"
+        f" {torch.get_num_threads()} threads)"
     )
+    if resume:
+        print(f"continuing the demo run in {rd.root}")
+    result = train_translation(run, args.out, root, resume=resume, overwrite=not resume)
+    _print_result(result)
+    model, tokenizer = _load_translator(str(result.checkpoint))
+    print(summarize(model))
     test = multi30k(
         root / "multi30k", "test_2016_flickr", run.data.source_lang, run.data.target_lang
-    )
-    test = test[: args.sentences]
+    )[: args.sentences]
+    t0 = time.perf_counter()
     hyps = translate(model, tokenizer, [p.source for p in test], beam=BeamConfig())
+    decode_s = time.perf_counter() - t0
     for pair, hyp in list(zip(test, hyps, strict=True))[:5]:
         print(f"\n  source     {pair.source}\n  reference  {pair.target}\n  aiayn      {hyp}")
     print(
-        f"\ntest_2016_flickr, first {len(test)} sentences, beam 4: {score(hyps, [p.target for p in test])}"
+        f"\ntest_2016_flickr, first {len(test)} sentences, beam 4 ({decode_s:.0f} s):"
+        f" {score(hyps, [p.target for p in test])}"
     )
+    print(f"demo: {(time.perf_counter() - t_start) / 60:.1f} min in all")
     return 0
 
 
@@ -179,17 +211,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # torchrun
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        result = trainers[run.model.arch](run, args.out, data_dir(args.data), resume=args.resume)
+        result = trainers[run.model.arch](
+            run, args.out, data_dir(args.data), resume=args.resume, overwrite=args.overwrite
+        )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    padding = result.get("padding_fraction")
-    print(
-        f"validation loss {result['val_loss']:.4f} nats/token; {result['tokens_per_s']:,.0f}"
-        f" target tokens/s"
-        + (f"; padding {padding:.1%} of batch slots" if padding is not None else "")
-        + f"; checkpoint {result['checkpoint']}"
-    )
+    _print_result(result)
     return 0
 
 
@@ -200,9 +228,8 @@ def _beam(args: argparse.Namespace) -> BeamConfig | None:
 
 
 def _load_translator(path: str) -> tuple[EncoderDecoder, BPETokenizer]:
-    from aiayn.train.state import load_for_inference
-
-    model, tokenizer = load_for_inference(Path(path))
+    bundle = load_bundle(path)
+    model, tokenizer = bundle.model, bundle.tokenizer
     if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
     return model.eval(), tokenizer
@@ -231,23 +258,20 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import save
+    from aiayn.checkpoint import save_with_companions
     from aiayn.train.average import average_checkpoints
 
     model = average_checkpoints(args.checkpoints)
-    save(model, args.out)
-    last = Path(args.checkpoints[-1])
-    for extra in ("tokenizer.json", "run.json"):  # so the average translates and evaluates
-        if (last / extra).is_file():
-            shutil.copyfile(last / extra, Path(args.out) / extra)
+    # The last checkpoint's tokenizer and run config go along: the average translates and
+    # evaluates directly.
+    save_with_companions(model, args.out, args.checkpoints[-1])
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 
 
 def _load_lm(path: str) -> tuple[DecoderLM, Tokenizer]:
-    from aiayn.train.state import load_for_inference
-
-    model, tokenizer = load_for_inference(Path(path))
+    bundle = load_bundle(path)
+    model, tokenizer = bundle.model, bundle.tokenizer
     if not isinstance(model, DecoderLM):
         raise ValueError(
             f"{path} holds a {type(model).__name__}, not a decoder-only language model"
@@ -294,10 +318,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     from aiayn.data.lm_data import TokenStream
     from aiayn.train.lm import evaluate_lm
-    from aiayn.train.state import load_for_inference, load_run
 
-    model, tokenizer = load_for_inference(Path(args.checkpoint))
-    data = load_run(Path(args.checkpoint)).get("data", {})
+    bundle = load_bundle(args.checkpoint)
+    model, tokenizer = bundle.model, bundle.tokenizer
+    data = bundle.run.get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)
     text = args.text or data.get("text")
@@ -371,13 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_calc)
 
-    p = sub.add_parser("demo", help="train on Multi30k for a few minutes, translate, print BLEU")
+    p = sub.add_parser(
+        "demo", help="train on Multi30k for a fixed number of steps, translate, print BLEU"
+    )
     p.add_argument(
         "--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)"
     )
-    p.add_argument("--config", default="configs/multi30k_de_en.toml")
-    p.add_argument("--minutes", type=float, default=8.0, help="training budget")
+    p.add_argument("--config", default=str(DEMO_CONFIG))
     p.add_argument("--out", default="runs/demo")
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="config overrides"
+    )
     p.add_argument("--sentences", type=int, default=200, help="test sentences to score")
     p.set_defaults(func=cmd_demo)
 
@@ -388,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)"
     )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the run already in OUT (if any)"
+    )
     p.add_argument(
         "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="e.g. train.max_steps=100"
     )
@@ -485,11 +516,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from aiayn.train.loop import NonFiniteLoss
+    from aiayn.train.policy import TrainingInterrupted
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except ValueError as err:
+    except TrainingInterrupted as err:
+        print(f"aiayn: {err}", file=sys.stderr)
+        return 130 if err.signal_name == "SIGINT" else 143
+    except NonFiniteLoss as err:
+        print(f"aiayn: error: {err}", file=sys.stderr)
+        return 3
+    except (ValueError, OSError) as err:
         print(f"aiayn: error: {err}", file=sys.stderr)
         return 2
 

@@ -140,9 +140,9 @@ def quality(threads: int) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     print(
         f"quality: {config.name}, {run.train.max_steps} steps: validation loss"
-        f" {result['val_loss']:.4f} (target <= 1.88, nanoGPT's figure) in {wall:.0f} s wall\n"
+        f" {result.val_loss:.4f} (target <= 1.88, nanoGPT's figure) in {wall:.0f} s wall\n"
     )
-    return {"val_loss": result["val_loss"], "wall_s": wall, "steps": run.train.max_steps}
+    return {"val_loss": result.val_loss, "wall_s": wall, "steps": run.train.max_steps}
 
 
 def main() -> int:

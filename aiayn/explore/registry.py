@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from aiayn.checkpoint import CONFIG_FILE, load_config
+from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, is_bundle, load_bundle, read_config
+from aiayn.checkpoint.run_dir import CHECKPOINTS
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
 from aiayn.inspect.attention_maps import untrained_config
 from aiayn.models import TransformerModel, build_model
-from aiayn.train.state import TOKENIZER_FILE, load_for_inference
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
 # Untrained presets read characters: printable ASCII (space to ~).
@@ -76,7 +76,7 @@ class Loaded:
 
 
 def is_checkpoint(folder: Path) -> bool:
-    return (folder / CONFIG_FILE).is_file() and (folder / TOKENIZER_FILE).is_file()
+    return is_bundle(folder)
 
 
 def _checkpoint_name(folder: Path, root: Path) -> str:
@@ -109,7 +109,7 @@ class Registry:
                 f"{folder} is not a checkpoint folder (expected {CONFIG_FILE} and {TOKENIZER_FILE})"
             )
         name = name or _checkpoint_name(folder.resolve(), folder.resolve().parent)
-        self._add(Entry(name, load_config(folder), folder))
+        self._add(Entry(name, read_config(folder), folder))
         return name
 
     def add_runs(self, root: str | Path) -> list[str]:
@@ -127,6 +127,8 @@ class Registry:
         )
         names = []
         for folder in found:
+            if CHECKPOINTS in folder.relative_to(base).parts:  # reached through "checkpoint"
+                continue
             if is_checkpoint(folder):
                 name = _checkpoint_name(folder, base)
                 if name not in self.entries:
@@ -172,7 +174,8 @@ class Registry:
     @staticmethod
     def _load(entry: Entry) -> Loaded:
         if entry.directory is not None:
-            model, tokenizer = load_for_inference(entry.directory)
+            bundle = load_bundle(entry.directory)
+            model, tokenizer = bundle.model, bundle.tokenizer
         else:
             torch.manual_seed(0)
             model, tokenizer = build_model(entry.config), CharTokenizer(PRESET_CHARS)

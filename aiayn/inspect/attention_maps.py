@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from aiayn.checkpoint import load_bundle
 from aiayn.config import ModelConfig, get_preset, presets
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.inspect import figures
@@ -69,11 +70,10 @@ def _load(
 
     name = str(checkpoint_or_preset)
     if Path(name).is_dir():
-        from aiayn.train.state import load_for_inference
-
         if overrides:
             raise ValueError("overrides apply to a preset, not to a trained checkpoint")
-        return load_for_inference(Path(name))
+        bundle = load_bundle(name)
+        return bundle.model, bundle.tokenizer
     if name not in presets():
         raise ValueError(
             f"{name!r} is neither a checkpoint folder nor a preset; presets: {', '.join(presets())}"

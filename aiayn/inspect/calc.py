@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiayn import checkpoint
-from aiayn.checkpoint import CONFIG_FILE
+from aiayn.checkpoint import CONFIG_FILE, read_config
 from aiayn.config import ModelConfig, get_preset, presets
 
 DTYPE_BYTES: dict[str, int] = {
@@ -438,7 +437,9 @@ def format_cost_report(report: CostReport) -> str:
     return "\n".join(lines)
 
 
-def load_config(spec: str, overrides: dict[str, Any] | None = None) -> tuple[str, ModelConfig]:
+def resolve_calc_config(
+    spec: str, overrides: dict[str, Any] | None = None
+) -> tuple[str, ModelConfig]:
     """A preset name, a config JSON file, or a saved model's folder (its config.json) ->
     (name, config) with ``overrides`` applied."""
     overrides = overrides or {}
@@ -446,7 +447,7 @@ def load_config(spec: str, overrides: dict[str, Any] | None = None) -> tuple[str
         return spec, get_preset(spec, **overrides)
     path = Path(spec)
     if path.is_dir() and (path / CONFIG_FILE).is_file():
-        return path.name, checkpoint.load_config(path).replace(**overrides)
+        return path.name, read_config(path).replace(**overrides)
     if path.is_file():
         name = path.parent.name if path.name == CONFIG_FILE else path.stem
         return name, ModelConfig.from_json(path.read_text()).replace(**overrides)

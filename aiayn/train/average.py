@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from aiayn.checkpoint import load
+from aiayn.checkpoint.model import load
 from aiayn.models import TransformerModel
 
 

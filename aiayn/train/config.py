@@ -41,9 +41,14 @@ class TrainConfig:
     adam_eps: float = 1e-8
     label_smoothing: float = 0.0  # §5.4: 0.1
     max_tokens: int | None = None  # token-count batches (per side, padding included)
-    keep_snapshots: int = 0  # model snapshots kept for checkpoint averaging
-    max_minutes: float | None = None  # wall-clock budget: checkpoint and stop when spent
+    keep_snapshots: int = 0  # model snapshots kept for checkpoint averaging (§6.1: 5)
+    snapshot_fraction: float = 0.1  # ... spread evenly over this last part of the run
+    # Wall-clock budget: checkpoint and stop when spent.  A run's result then depends on the
+    # host's speed, so no shipped config sets it; results users compare are fixed steps.
+    max_minutes: float | None = None
     moe_aux_weight: float = 0.01  # weight of the MoE load-balancing loss (Switch: 0.01)
+    on_nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop, or
+    # skip that step's update (the last good checkpoint stays either way)
 
     def __post_init__(self) -> None:
         for name in (
@@ -78,6 +83,18 @@ class TrainConfig:
             )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"TrainConfig.max_tokens={self.max_tokens} must be a positive integer")
+        if self.keep_snapshots < 0:
+            raise ValueError(f"TrainConfig.keep_snapshots={self.keep_snapshots} must be >= 0")
+        if not 0.0 < self.snapshot_fraction <= 1.0:
+            raise ValueError(
+                f"TrainConfig.snapshot_fraction={self.snapshot_fraction} must be in (0, 1]"
+            )
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(
+                f"TrainConfig.on_nonfinite={self.on_nonfinite!r} is invalid: expected 'stop' or 'skip'"
+            )
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"TrainConfig.max_minutes={self.max_minutes} must be > 0 or absent")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"TrainConfig.grad_clip={self.grad_clip} must be > 0 or absent")
 

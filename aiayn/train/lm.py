@@ -18,8 +18,7 @@ from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
-from aiayn.train.loop import CHECKPOINT, fit, prepare_run
-from aiayn.train.state import TrainState
+from aiayn.train.loop import FitResult, train_run
 
 
 def lm_loss(
@@ -52,6 +51,8 @@ def evaluate_lm(
 
 class LMTask:
     """Random contiguous windows of one token stream (nanoGPT's sampling)."""
+
+    fixed_shapes = True  # every batch is (batch_size, block)
 
     def __init__(
         self, stream: TokenStream, *, batch_size: int, block: int, eval_batches: int
@@ -102,42 +103,38 @@ def train_lm(
     data_root: Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     stop_after: int | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Train (or resume) and return the history and final validation loss."""
+) -> FitResult:
+    """Train (or resume) a decoder-only language model on a text file."""
     tc = run.train
-    out, resumed = prepare_run(tc, out_dir, resume)
-    state: TrainState | None = None
     text = read_text(data_root / run.data.text)
-    if resumed is not None:
-        loaded, tokenizer, state = resumed
-        if not isinstance(loaded, DecoderLM):
-            raise ValueError(f"{out / CHECKPOINT} is not a language-model checkpoint")
-        model = loaded
-    else:
-        torch.manual_seed(tc.seed)
+
+    def build() -> tuple[TransformerModel, Tokenizer]:
         tokenizer = _tokenizer(run, text)
         cfg = run.model.replace(
             vocab_size=tokenizer.vocab_size, max_len=max(run.model.max_len, tc.block_size)
         )
-        built = build_model(cfg)
-        if not isinstance(built, DecoderLM):
-            raise ValueError(f"train_lm needs a decoder-only model, got arch={cfg.arch!r}")
-        model = built
-    stream = TokenStream.from_text(
-        text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
-    )
-    task = LMTask(
-        stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches
-    )
-    return fit(
-        model,
-        task,
+        return build_model(cfg), tokenizer
+
+    def make_task(model: TransformerModel, tokenizer: Tokenizer) -> LMTask:
+        stream = TokenStream.from_text(
+            text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
+        )
+        return LMTask(
+            stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches
+        )
+
+    result, _ = train_run(
         run,
-        out,
-        tokenizer=tokenizer,
-        state=state,
+        out_dir,
+        resume=resume,
+        overwrite=overwrite,
+        build=build,
+        make_task=make_task,
+        model_type=DecoderLM,
         stop_after=stop_after,
         progress=progress,
     )
+    return result

@@ -1,81 +1,70 @@
 """The training loop, shared by every task; it knows nothing about what the model is.
 
-A :class:`Task` supplies batches, the loss of a batch, a validation loss, and its data
-position (saved in checkpoints).  The loop does the rest: learning-rate schedule, gradient
-accumulation, clipping, optional bf16 autocast and ``torch.compile``, validation at intervals,
-a progress bar (loss, validation loss, learning rate, tokens/s, ETA), a CSV log, and atomic,
-resumable checkpoints -- a run killed at any moment and resumed continues with the same
-batches, dropout masks and learning rates as one that never stopped.
+A :class:`~aiayn.train.task.Task` supplies batches, the loss of a batch, a validation loss and
+its data position.  The loop puts the pieces together: :func:`open_run` checks and repairs the
+run folder and loads what a resumed run continues from; :func:`fit` runs the steps
+(aiayn/train/step.py), logs them (aiayn/train/logger.py), and writes checkpoints and
+snapshots when aiayn/train/policy.py says so, into the run folder of
+aiayn/checkpoint/run_dir.py.  A run killed at any instant and resumed continues with the same
+batches, dropout masks and learning rates as one that never stopped, and ends with the same
+weights, bit for bit (tests/train/test_faults.py).
 
 Several processes: launched by ``torchrun``, the loop wraps the model in
 DistributedDataParallel (gloo on CPU, nccl on GPU).  Every step draws ``world × grad_accum``
 micro-batches from the same data order on every rank, and rank r takes its share, so two
 processes with ``grad_accum = a`` compute exactly the step that one process computes with
-``grad_accum = 2a``: DDP averages the ranks' gradients as accumulation averages micro-batches.
-Only rank 0 writes logs and checkpoints.
+``grad_accum = 2a``.  Only rank 0 writes logs and checkpoints.
 """
 
 from __future__ import annotations
 
-import csv
 import math
-import shutil
+import resource
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
+from aiayn.checkpoint.run_dir import RunDir, TrainState
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
-from aiayn.nn.moe import RouterStats
+from aiayn.nn.linear import use_onednn
 from aiayn.train.config import RunConfig, TrainConfig
+from aiayn.train.logger import RunLogger
 from aiayn.train.optim import build_adamw
+from aiayn.train.policy import CheckpointPolicy, TrainingInterrupted, stop_on_signals
 from aiayn.train.schedule import lr_schedule
-from aiayn.train.state import TrainState, load_checkpoint, save_checkpoint, save_snapshot
+from aiayn.train.step import TrainStep
+from aiayn.train.task import Task
 
-CHECKPOINT = "checkpoint"  # the latest resumable checkpoint, inside the run folder
-SNAPSHOTS = "snapshots"  # model-only snapshots kept for checkpoint averaging
-
-
-class Task(Protocol):
-    def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
-        """This rank's ``n`` micro-batches of the next step (advances the data position)."""
-        ...
-
-    def loss(
-        self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
-    ) -> tuple[torch.Tensor, int]:
-        """Mean loss over the batch's target tokens, and how many tokens it covered."""
-        ...
-
-    def evaluate(self, model: TransformerModel) -> float:
-        """Validation loss in nats per target token."""
-        ...
-
-    def data_state(self) -> dict[str, Any]: ...
-
-    def load_data_state(self, state: dict[str, Any]) -> None: ...
+MAX_SKIPPED_IN_A_ROW = 10  # with on_nonfinite = "skip": this many in a row means divergence
 
 
-def prepare_run(
-    tc: TrainConfig, out_dir: str | Path, resume: bool
-) -> tuple[Path, tuple[TransformerModel, Tokenizer, TrainState] | None]:
-    """Create the run folder and set threads; with ``resume`` and a checkpoint there, return
-    its model, tokenizer and training state to continue from."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    ckpt = out / CHECKPOINT
-    if not (resume and ckpt.exists()):
-        return out, None
-    model, tokenizer, _, state = load_checkpoint(ckpt)
-    if state is None:
-        raise ValueError(f"{ckpt} holds a model but no training state to resume")
-    return out, (model, tokenizer, state)
+class NonFiniteLoss(FloatingPointError):
+    """The loss or the gradient became NaN or infinite; the last good checkpoint stays."""
+
+
+@dataclass(frozen=True)
+class FitResult:
+    step: int  # the last step reached
+    max_steps: int
+    val_loss: float  # the final model's, evaluated at ``step``
+    history: list[dict[str, float]]
+    checkpoint: Path  # the run's checkpoint (the pointer to the latest)
+    seconds: float  # training time of this invocation
+    tokens_per_s: float  # target tokens per second of this invocation
+    peak_rss_mib: float  # the process's peak resident memory so far
+    already_complete: bool = False  # resumed a run that had reached max_steps
+    skipped_steps: list[int] = field(default_factory=list)
+    padding_fraction: float | None = None  # token-count batching (translation)
+
+    @property
+    def complete(self) -> bool:
+        return self.step >= self.max_steps
 
 
 def world_info() -> tuple[int, int]:
@@ -84,30 +73,78 @@ def world_info() -> tuple[int, int]:
     return 0, 1
 
 
+def peak_rss_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes there, KiB here
+
+
+def open_run(
+    tc: TrainConfig, out_dir: str | Path, *, resume: bool, overwrite: bool = False
+) -> tuple[RunDir, tuple[TransformerModel, Tokenizer, TrainState] | None]:
+    """Check and repair the run folder; with ``resume``, load what the run continues from.
+
+    Raises ValueError when ``resume`` finds no checkpoint, or when a fresh run would mix its
+    files with an earlier run's (unless ``overwrite``, which removes the earlier run's files).
+    """
+    rd = RunDir(out_dir)
+    rank, world = world_info()
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    if not resume and rd.holds_run() and not overwrite:
+        raise ValueError(
+            f"{rd.root} already holds a run (its checkpoint, snapshots or log.csv): continue"
+            " it with --resume, or start again with --overwrite"
+        )
+    if rank == 0:
+        rd.root.mkdir(parents=True, exist_ok=True)
+        for note in rd.recover():
+            print(f"{rd.root}: {note}", file=sys.stderr)
+        if not resume and overwrite:
+            rd.clear()
+    if world > 1:
+        dist.barrier()
+    if not resume:
+        return rd, None
+    if rd.latest() is None:
+        raise ValueError(
+            f"nothing to resume in {rd.root}: it holds no checkpoint (start without --resume)"
+        )
+    bundle, state = rd.load()
+    return rd, (bundle.model, bundle.tokenizer, state)
+
+
+def _last_val(history: list[dict[str, float]]) -> float:
+    return next((h["val_loss"] for h in reversed(history) if "val_loss" in h), math.nan)
+
+
 def fit(
     model: TransformerModel,
     task: Task,
     run: RunConfig,
-    out: Path,
+    rd: RunDir,
     *,
     tokenizer: Tokenizer,
     state: TrainState | None = None,
     stop_after: int | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> FitResult:
+    """Train ``model`` from ``state`` (or from scratch) to ``run.train.max_steps``, or to step
+    ``stop_after`` (a planned interruption, for tests and benchmarks)."""
     tc = run.train
-    run_dict = run.to_dict() | {"model": model.config.to_dict()}
+    rank, world = world_info()
+    start, history = (0, []) if state is None else (state.step, state.history)
+    if start >= tc.max_steps:
+        return FitResult(
+            start, tc.max_steps, _last_val(history), history, rd.pointer, 0.0, 0.0,
+            peak_rss_mib(), already_complete=True,
+        )  # fmt: skip
     optimizer = build_adamw(
         model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
     )
-    schedule = lr_schedule(tc, model.config.d_model)
-    rank, world = world_info()
-    start, history = 0, []
     if state is not None:
         optimizer.load_state_dict(state.optimizer)
         torch.set_rng_state(state.torch_rng)
         task.load_data_state(state.data)
-        start, history = state.step, state.history
     model.train()
     wrapped: torch.nn.Module = model
     if world > 1:
@@ -115,116 +152,142 @@ def fit(
     if tc.compile:
         wrapped = torch.compile(wrapped)  # type: ignore[assignment]
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
-    ckpt = out / CHECKPOINT
-    writer_file = open(out / "log.csv", "a", newline="") if rank == 0 else None  # noqa: SIM115
-    writer = csv.writer(writer_file) if writer_file is not None else None
-    if writer is not None and (out / "log.csv").stat().st_size == 0:
-        writer.writerow(["step", "loss", "lr", "val_loss", "tokens_per_s", "val_ppl"])
-
-    def checkpoint(step: int) -> None:
-        if rank != 0:
-            return
-        save_checkpoint(
-            ckpt,
-            model,
-            tokenizer,
-            run_dict,
-            TrainState(
-                step, optimizer.state_dict(), torch.get_rng_state(), task.data_state(), history
-            ),
-        )
-        if tc.keep_snapshots > 0:
-            save_snapshot(out / SNAPSHOTS / f"step_{step:08d}", model, tokenizer, run_dict)
-            snaps = sorted((out / SNAPSHOTS).glob("step_*"))
-            for old in snaps[: -tc.keep_snapshots]:
-                shutil.rmtree(old, ignore_errors=True)
-
-    end = tc.max_steps if stop_after is None else min(tc.max_steps, stop_after)
-    bar = tqdm(
-        range(start, end),
-        initial=start,
-        total=tc.max_steps,
-        disable=not progress or rank != 0,
-        dynamic_ncols=True,
+    step_fn = TrainStep(
+        model,
+        wrapped,
+        optimizer,
+        lr_schedule(tc, model.config.d_model),
+        task,
+        tc,
+        rank=rank,
+        world=world,
+        autocast=autocast,
     )
-    t0, tokens_seen, val = time.perf_counter(), 0, float("nan")
+    policy = CheckpointPolicy(tc)
+    run_dict = run.to_dict() | {"model": model.config.to_dict()}
+    end = tc.max_steps if stop_after is None else min(tc.max_steps, stop_after)
+    logger = RunLogger(
+        rd.log, start=start, end=end, total=tc.max_steps, enabled=rank == 0, progress=progress
+    )
+
+    def checkpoint(done: int) -> None:
+        if rank == 0:
+            rd.save_checkpoint(
+                model,
+                tokenizer,
+                run_dict,
+                TrainState(
+                    done,
+                    optimizer.state_dict(),
+                    torch.get_rng_state(),
+                    task.data_state(),
+                    history,
+                ),
+            )
+
+    t0, tokens_seen, val = time.perf_counter(), 0, _last_val(history)
+    skipped: list[int] = []
+    done = start
     try:
-        for step in bar:
-            lr = schedule(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            total = 0.0
-            batches = task.next_batches(tc.grad_accum, rank, world)
-            for batch in batches:
-                aux: list[RouterStats] = []
-                with autocast:
-                    loss, n_tokens = task.loss(wrapped, batch, aux)
-                objective = loss
-                if aux:  # mixture of experts: add the load-balancing loss (mean over layers)
-                    objective = (
-                        loss + tc.moe_aux_weight * torch.stack([s.aux_loss for s in aux]).mean()
-                    )
-                (objective / len(batches)).backward()
-                total += loss.item() / len(batches)
-                tokens_seen += n_tokens * world
-            if world > 1:  # log the global batch's loss, not this rank's share
-                reduced = torch.tensor([total])
-                dist.all_reduce(reduced)
-                total = reduced.item() / world
-            if not math.isfinite(total):
-                raise FloatingPointError(
-                    f"loss became {total} at step {step + 1}; lower the learning rate"
+        with stop_on_signals() as stop, use_onednn(task.fixed_shapes):
+            for step in range(start, end):
+                outcome = step_fn(step)
+                done = step + 1
+                if not outcome.finite:
+                    skipped.append(done)
+                    what = f"the loss or gradient became {outcome.loss} at step {done}"
+                    if tc.on_nonfinite == "stop" or skipped[-MAX_SKIPPED_IN_A_ROW:] == list(
+                        range(done - MAX_SKIPPED_IN_A_ROW + 1, done + 1)
+                    ):
+                        raise NonFiniteLoss(
+                            f"{what}; training stopped, the last good checkpoint is"
+                            f" {rd.latest() or 'not written yet'} (lower the learning rate,"
+                            " or set train.on_nonfinite = 'skip')"
+                        )
+                    logger.note(f"{what}: the update was skipped")
+                tokens_seen += outcome.tokens
+                elapsed = time.perf_counter() - t0
+                out_of_time = tc.max_minutes is not None and elapsed > 60 * tc.max_minutes
+                stopping = stop.signum is not None
+                if world > 1:  # every rank must stop at the same step
+                    flags = torch.tensor([float(out_of_time), float(stopping)])
+                    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                    out_of_time, stopping = bool(flags[0]), bool(flags[1])
+                last = done == end or out_of_time
+                record: dict[str, float] = {"step": done, "loss": outcome.loss, "lr": outcome.lr}
+                if not stopping and (policy.evaluation_due(done, end) or last):
+                    val = task.evaluate(model)
+                    record["val_loss"] = val
+                    record["val_ppl"] = math.exp(min(val, 50.0))  # perplexity
+                history.append(record)
+                logger.row(
+                    done, outcome.loss, outcome.lr, record.get("val_loss"), tokens_seen / elapsed
                 )
-            if tc.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            speed = tokens_seen / (time.perf_counter() - t0)
-            record: dict[str, float] = {"step": done, "loss": total, "lr": lr}
-            if done % tc.eval_interval == 0 or done == tc.max_steps:
-                val = task.evaluate(model)
-                record["val_loss"] = val
-                record["val_ppl"] = math.exp(min(val, 50.0))  # perplexity
-            history.append(record)
-            if writer is not None:
-                writer.writerow(
-                    [
-                        done,
-                        f"{total:.5f}",
-                        f"{lr:.3e}",
-                        f"{record.get('val_loss', '')}",
-                        f"{speed:.0f}",
-                        f"{record.get('val_ppl', '')}",
-                    ]
-                )
-            bar.set_postfix(
-                loss=f"{total:.3f}",
-                val=f"{val:.3f}",
-                ppl=f"{math.exp(min(val, 50.0)):.2f}" if math.isfinite(val) else "nan",
-                lr=f"{lr:.1e}",
-                tok_s=f"{speed:,.0f}",
-            )
-            out_of_time = (
-                tc.max_minutes is not None and time.perf_counter() - t0 > 60 * tc.max_minutes
-            )
-            if tc.max_minutes is not None and world > 1:  # every rank must stop at the same step
-                flag = torch.tensor([float(out_of_time)])
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                out_of_time = bool(flag.item())
-            if done % tc.checkpoint_interval == 0 or done == end or out_of_time:
-                checkpoint(done)
-            if out_of_time:
-                break
+                if policy.checkpoint_due(done, end) or last or stopping:
+                    checkpoint(done)
+                if policy.snapshot_due(done) and rank == 0:
+                    rd.save_snapshot(done, model, tokenizer, run_dict)
+                if stopping:
+                    raise TrainingInterrupted(done, stop.name or "stop", str(rd.pointer))
+                if out_of_time:
+                    logger.note(f"max_minutes={tc.max_minutes} spent: stopped at step {done}")
+                    break
     finally:
-        if writer_file is not None:
-            writer_file.close()
-        bar.close()
+        logger.close()
     seconds = time.perf_counter() - t0
-    return {
-        "history": history,
-        "val_loss": val,
-        "checkpoint": str(ckpt),
-        "seconds": seconds,
-        "tokens_per_s": tokens_seen / seconds if seconds else 0.0,
-    }
+    return FitResult(
+        done,
+        tc.max_steps,
+        val,
+        history,
+        rd.pointer,
+        seconds,
+        tokens_seen / seconds if seconds else 0.0,
+        peak_rss_mib(),
+        skipped_steps=skipped,
+    )
+
+
+def train_run(
+    run: RunConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    build: Callable[[], tuple[TransformerModel, Tokenizer]],
+    make_task: Callable[[TransformerModel, Tokenizer], Task],
+    model_type: type[TransformerModel],
+    stop_after: int | None,
+    progress: bool,
+) -> tuple[FitResult, Task]:
+    """The skeleton every task shares: open (or resume) the run, build the model and
+    tokenizer if new, make the task, fit."""
+    rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
+    state: TrainState | None = None
+    if resumed is not None:
+        model, tokenizer, state = resumed
+        if not isinstance(model, model_type):
+            raise ValueError(
+                f"{rd.latest()} holds a {type(model).__name__}; this run trains a"
+                f" {model_type.__name__}"
+            )
+    else:
+        torch.manual_seed(run.train.seed)
+        model, tokenizer = build()
+        if not isinstance(model, model_type):
+            raise ValueError(
+                f"arch={model.config.arch!r} builds a {type(model).__name__}; this task"
+                f" trains a {model_type.__name__}"
+            )
+    task = make_task(model, tokenizer)
+    result = fit(
+        model,
+        task,
+        run,
+        rd,
+        tokenizer=tokenizer,
+        state=state,
+        stop_after=stop_after,
+        progress=progress,
+    )
+    return result, task

@@ -10,6 +10,7 @@ Shapes: B sentences, S source length, T target length, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,11 @@ import torch
 from aiayn.data.batching import pad, padding_fraction, token_batches
 from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.parallel import Pair, multi30k, read_parallel
-from aiayn.data.tokenizer import BPETokenizer
+from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.moe import RouterStats
 from aiayn.train.config import RunConfig
-from aiayn.train.loop import CHECKPOINT, fit, prepare_run
-from aiayn.train.state import TrainState
+from aiayn.train.loop import FitResult, train_run
 
 Example = tuple[list[int], list[int]]  # source ids + EOS; BOS + target ids + EOS
 
@@ -53,6 +53,8 @@ def collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.
 class TranslationTask:
     """Epochs of shuffled token-count batches; the data position is (epoch, batch index)."""
 
+    fixed_shapes = False  # every batch has its own (B, S) and (B, T)
+
     def __init__(
         self,
         train: list[Example],
@@ -64,6 +66,8 @@ class TranslationTask:
     ) -> None:
         if not train:
             raise ValueError("no training pairs")
+        if not valid:
+            raise ValueError("no validation pairs")
         self.train, self.valid = train, valid
         self.lengths = [(len(s), len(t) - 1) for s, t in train]
         self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
@@ -124,50 +128,55 @@ def train_translation(
     data_root: Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     stop_after: int | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> FitResult:
     """Train (or resume) an encoder-decoder on parallel text."""
     tc = run.train
-    out, resumed = prepare_run(tc, out_dir, resume)
     train_pairs, valid_pairs = (
         load_pairs(run, data_root, "train"),
         load_pairs(run, data_root, "val"),
     )
-    state: TrainState | None = None
-    if resumed is not None:
-        loaded, tok, state = resumed
-        if not isinstance(loaded, EncoderDecoder) or not isinstance(tok, BPETokenizer):
-            raise ValueError(f"{out / CHECKPOINT} is not a translation checkpoint")
-        model, tokenizer = loaded, tok
-    else:
-        torch.manual_seed(tc.seed)
+
+    def build() -> tuple[TransformerModel, Tokenizer]:
         lines = [p.source for p in train_pairs] + [p.target for p in train_pairs]
         tokenizer = BPETokenizer.from_lines(lines, run.data.bpe_vocab_size)
-        built = build_model(run.model.replace(vocab_size=tokenizer.vocab_size, pad_id=PAD))
-        if not isinstance(built, EncoderDecoder):
-            raise ValueError(f"translation needs arch='encoder-decoder', got {run.model.arch!r}")
-        model = built
-    train, valid = encode_pairs(train_pairs, tokenizer), encode_pairs(valid_pairs, tokenizer)
-    longest = max(max(len(s), len(t)) for s, t in train + valid)
-    if longest > model.config.max_len:
-        raise ValueError(
-            f"a sentence has {longest} tokens, more than the model's max_len={model.config.max_len}"
+        return build_model(
+            run.model.replace(vocab_size=tokenizer.vocab_size, pad_id=PAD)
+        ), tokenizer
+
+    def make_task(model: TransformerModel, tokenizer: Tokenizer) -> TranslationTask:
+        if not isinstance(tokenizer, BPETokenizer):
+            raise ValueError("a translation checkpoint needs a BPE tokenizer")
+        train, valid = encode_pairs(train_pairs, tokenizer), encode_pairs(valid_pairs, tokenizer)
+        longest = max(max(len(s), len(t)) for s, t in train + valid)
+        if longest > model.config.max_len:
+            raise ValueError(
+                f"a sentence has {longest} tokens, more than the model's"
+                f" max_len={model.config.max_len}"
+            )
+        return TranslationTask(
+            train,
+            valid,
+            max_tokens=tc.max_tokens or tc.batch_size * longest,
+            label_smoothing=tc.label_smoothing,
+            seed=tc.seed,
         )
-    max_tokens = tc.max_tokens or tc.batch_size * longest
-    task = TranslationTask(
-        train, valid, max_tokens=max_tokens, label_smoothing=tc.label_smoothing, seed=tc.seed
-    )
-    result = fit(
-        model,
-        task,
+
+    result, task = train_run(
         run,
-        out,
-        tokenizer=tokenizer,
-        state=state,
+        out_dir,
+        resume=resume,
+        overwrite=overwrite,
+        build=build,
+        make_task=make_task,
+        model_type=EncoderDecoder,
         stop_after=stop_after,
         progress=progress,
     )
+    assert isinstance(task, TranslationTask)
     # §5.1's batching is about not wasting compute on padding: report how much is left.
-    result["padding_fraction"] = padding_fraction(task.lengths, task.batches)
-    return result
+    return dataclasses.replace(
+        result, padding_fraction=padding_fraction(task.lengths, task.batches)
+    )

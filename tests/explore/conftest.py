@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import save
+from aiayn.checkpoint import TOKENIZER_FILE, save
 from aiayn.config import get_preset
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer
 from aiayn.explore.registry import PRESET_CHARS, Registry
 from aiayn.models import build_model
-from aiayn.train.state import TOKENIZER_FILE
 
 SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, max_len=64)
 

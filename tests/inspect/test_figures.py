@@ -162,8 +162,8 @@ def test_cli_inspect_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_attention_maps_from_checkpoints(tmp_path: Path) -> None:
     """A saved char-level decoder, and a BPE encoder-decoder (source + </s>, <s> + target)."""
     import aiayn
+    from aiayn.checkpoint import TOKENIZER_FILE
     from aiayn.data.tokenizer import BPETokenizer, CharTokenizer
-    from aiayn.train.state import TOKENIZER_FILE
 
     char = CharTokenizer.from_text("abc de")
     lm = aiayn.build_model("gpt2-small", **SMALL, vocab_size=char.vocab_size, max_len=16)

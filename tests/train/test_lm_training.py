@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import RunDir, load_bundle
 from aiayn.data.lm_data import TokenStream
 from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.optim import build_adamw
 from aiayn.train.schedule import cosine_schedule, paper_schedule
-from aiayn.train.state import load_checkpoint
 
 TOML = """
 [model]
@@ -54,12 +54,13 @@ def test_resume_reproduces_uninterrupted_run(setup: tuple[Path, Path]) -> None:
     full = train_lm(run, root / "full", root, progress=False)
     train_lm(run, root / "split", root, stop_after=4, progress=False)  # "killed" after step 4
     resumed = train_lm(run, root / "split", root, resume=True, progress=False)
-    losses = [h["loss"] for h in full["history"]]
+    losses = [h["loss"] for h in full.history]
     assert len(losses) == 8 and losses[-1] < losses[0]
-    assert [h["loss"] for h in resumed["history"]] == pytest.approx(losses, rel=1e-5, abs=1e-6)
-    assert resumed["val_loss"] == pytest.approx(full["val_loss"], rel=1e-5)
-    _, tok, run_dict, state = load_checkpoint(root / "split" / "checkpoint")
-    assert state is not None and state.step == 8 and run_dict["train"]["max_steps"] == 8
+    assert [h["loss"] for h in resumed.history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-5)
+    bundle, state = RunDir(root / "split").load()
+    assert state.step == 8 and bundle.run["train"]["max_steps"] == 8
+    tok = bundle.tokenizer
     assert tok.decode(tok.encode("To be")) == "To be"
     log = (root / "split" / "log.csv").read_text().splitlines()
     assert log[0].startswith("step,loss") and len(log) == 9
@@ -124,10 +125,9 @@ def test_trains_a_mixture_of_experts(setup: tuple[Path, Path]) -> None:
         cfg_path, {"model.n_experts": 4, "model.experts_top_k": 2, "train.max_steps": 6}
     )
     out = train_lm(run, root / "moe", root, progress=False)
-    losses = [h["loss"] for h in out["history"]]
+    losses = [h["loss"] for h in out.history]
     assert losses[-1] < losses[0]
-    model, _, _, _ = load_checkpoint(root / "moe" / "checkpoint")
-    assert model.config.n_experts == 4
+    assert load_bundle(root / "moe" / "checkpoint").model.config.n_experts == 4
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "paper"])
@@ -146,4 +146,4 @@ def test_the_language_model_follows_the_configured_schedule(
         )
         for step in range(tc.max_steps)
     ]
-    assert [h["lr"] for h in result["history"]] == pytest.approx(expected)
+    assert [h["lr"] for h in result.history] == pytest.approx(expected)

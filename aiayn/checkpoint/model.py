@@ -4,63 +4,27 @@ A saved model is a folder::
 
     config.json        the ModelConfig (self-describing: enough to rebuild the model)
     model.safetensors  the weights (tied tensors stored once; never pickled)
+    manifest.json      every file's size and SHA-256, checked when the folder is loaded
 
-The folder is first written under a temporary name beside the target and then renamed into
-place, so a crash leaves either the old folder or the new one, never half of one.
+The folder is written by :func:`aiayn.checkpoint.atomic.write_atomically`: a crash leaves the
+old folder or the new one, never half of one, and a damaged file is named when loading.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
+from aiayn.checkpoint.atomic import recover, verify_manifest, write_atomically
 from aiayn.config import ModelConfig
 from aiayn.models import TransformerModel, build_model
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-def atomic_dir(target: Path) -> Path:
-    """A fresh temporary folder beside ``target`` (same filesystem, so rename is atomic)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-
-
-def commit_dir(tmp: Path, target: Path) -> None:
-    """Move ``tmp`` into place as ``target``, replacing an old folder only after success."""
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
-
-
-def write_atomically(target: Path, fill: Callable[[Path], None]) -> Path:
-    """Let ``fill`` write a temporary folder, then rename it to ``target``; on any failure the
-    temporary folder is removed and an existing ``target`` is left untouched."""
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"cannot write to {target}: it exists and is not a folder")
-    tmp = atomic_dir(target)
-    try:
-        fill(tmp)
-        commit_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
 
 
 def write_model(model: TransformerModel, folder: Path) -> None:
@@ -74,7 +38,18 @@ def save(model: TransformerModel, directory: str | os.PathLike[str]) -> Path:
     return write_atomically(Path(directory), lambda tmp: write_model(model, tmp))
 
 
-def load_config(directory: str | os.PathLike[str]) -> ModelConfig:
+def checked_folder(directory: str | os.PathLike[str], what: str = "saved model") -> Path:
+    """``directory`` as a Path, after crash recovery and the manifest check."""
+    path = Path(directory)
+    recover(path)
+    if not path.is_dir():
+        raise ValueError(f"no {what} at {path}: not a folder")
+    verify_manifest(path)
+    return path
+
+
+def read_config(directory: str | os.PathLike[str]) -> ModelConfig:
+    """The ModelConfig stored in a model folder (nothing else is read)."""
     path = Path(directory)
     if not path.is_dir():
         raise ValueError(f"no saved model at {path}: not a folder")
@@ -89,8 +64,8 @@ def load_config(directory: str | os.PathLike[str]) -> ModelConfig:
 
 def load(directory: str | os.PathLike[str], *, device: str = "cpu") -> TransformerModel:
     """Rebuild the model saved in ``directory`` and load its weights (strictly)."""
-    path = Path(directory)
-    config = load_config(path)
+    path = checked_folder(directory)
+    config = read_config(path)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise ValueError(f"no saved model at {path}: {WEIGHTS_FILE} is missing")

@@ -20,6 +20,7 @@ def test_save_load_identical_outputs(tmp_path: Path, preset: str) -> None:
     aiayn.save(model, tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
         "config.json",
+        "manifest.json",
         "model.safetensors",
     ]
     loaded = aiayn.load(tmp_path / "m").eval()
@@ -49,7 +50,7 @@ def test_failed_save_keeps_old_checkpoint(tmp_path: Path, monkeypatch: pytest.Mo
     def boom(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("aiayn.checkpoint.save_model", boom)
+    monkeypatch.setattr("aiayn.checkpoint.model.save_model", boom)
     with pytest.raises(OSError, match="disk full"):
         aiayn.save(model, tmp_path / "m")
     assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
@@ -64,7 +65,17 @@ def test_missing_and_corrupt_checkpoints(tmp_path: Path) -> None:
     )
     path = aiayn.save(model, tmp_path / "m")
     weights = path / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:100])
+    intact = weights.read_bytes()
+    weights.write_bytes(intact[:100])
+    with pytest.raises(ValueError, match="model.safetensors is truncated"):
+        aiayn.load(path)
+    flipped = bytearray(intact)
+    flipped[-5] ^= 0xFF  # same size, one byte altered: only the checksum can tell
+    weights.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="model.safetensors is corrupt"):
+        aiayn.load(path)
+    (path / "manifest.json").unlink()  # a folder of an older aiayn: no manifest
+    weights.write_bytes(intact[:100])
     with pytest.raises(ValueError, match="corrupt weights"):
         aiayn.load(path)
     (path / "config.json").write_text("{not json")
@@ -87,5 +98,6 @@ def test_weights_of_another_shape_are_refused(tmp_path: Path) -> None:
     (tmp_path / "a" / "model.safetensors").write_bytes(
         (tmp_path / "b" / "model.safetensors").read_bytes()
     )
+    (tmp_path / "a" / "manifest.json").unlink()  # as if copied in by hand
     with pytest.raises(ValueError, match="do not match the config"):
         aiayn.load(tmp_path / "a")

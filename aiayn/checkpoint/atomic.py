@@ -1,0 +1,202 @@
+"""Writing folders so that a crash at any instant loses nothing.
+
+A folder is written under a temporary name beside its target (same filesystem), each file is
+flushed to disk (``fsync``), a manifest of every file's size and SHA-256 is added, the folder
+itself is flushed, and only then is it renamed into place and the parent flushed.  Replacing
+an existing folder uses Linux's ``renameat2(RENAME_EXCHANGE)``, which swaps the two names in
+one step, so there is never an instant without a complete folder at the target; where that
+call is missing, the old folder is first renamed aside and :func:`recover` puts it back if a
+crash falls between the two renames.
+
+Every file-system step calls :func:`fs_step` with its name.  Nothing happens there unless a
+test has installed a hook with :func:`set_fault_hook`: the fault-injection tests kill the
+process or raise ``ENOSPC`` at each named step and check that nothing is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+MANIFEST_FILE = "manifest.json"
+TMP_MARK = ".tmp-"  # temporary folders are named .NAME.tmp-XXXX
+OLD_MARK = ".old-"  # a replaced folder waiting for deletion: .NAME.old-PID
+
+_fault_hook: Callable[[str], None] | None = None
+
+
+def set_fault_hook(hook: Callable[[str], None] | None) -> None:
+    """Install (or remove, with None) a function called with the name of every file-system
+    step of a commit; the fault-injection tests use it to kill or fail at that step."""
+    global _fault_hook
+    _fault_hook = hook
+
+
+def fs_step(name: str) -> None:
+    if _fault_hook is not None:
+        _fault_hook(name)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a folder's contents (a folder's: its entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file's size and SHA-256 in ``manifest.json`` (written last)."""
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MANIFEST_FILE
+    }
+    (folder / MANIFEST_FILE).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+
+
+def verify_manifest(folder: Path) -> None:
+    """Raise ValueError naming the first file that is missing, truncated or altered.  A folder
+    without a manifest (written by an older aiayn) is accepted as it is."""
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        return
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"corrupt manifest {path}: {err}") from err
+    for name, meta in files.items():
+        f = folder / name
+        if not f.is_file():
+            raise ValueError(f"checkpoint file {f} is missing (listed in {MANIFEST_FILE})")
+        size = f.stat().st_size
+        if size != meta["size"]:
+            raise ValueError(
+                f"checkpoint file {f} is truncated or altered: {size} bytes, expected"
+                f" {meta['size']}"
+            )
+        if sha256_file(f) != meta["sha256"]:
+            raise ValueError(f"checkpoint file {f} is corrupt: its SHA-256 does not match")
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _renameat2() -> Callable[..., int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the names ``a`` and ``b`` atomically; False where the system cannot."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
+
+
+def recover(target: Path) -> None:
+    """Undo what a crash may have left beside ``target``: temporary folders are removed; a
+    replaced folder renamed aside is put back if ``target`` itself is missing."""
+    parent = target.parent
+    if not parent.is_dir():
+        return
+    olds = sorted(parent.glob(f".{target.name}{OLD_MARK}*"))
+    if not target.exists() and olds:
+        os.replace(olds[-1], target)
+        olds = olds[:-1]
+    for stale in [*olds, *parent.glob(f".{target.name}{TMP_MARK}*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _named_write_errors(target: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise OSError(
+                err.errno,
+                f"no space left on the device while writing {target};"
+                " the folder there before (if any) is intact",
+            ) from err
+        raise
+
+
+def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], None]) -> Path:
+    """Let ``fill`` write a temporary folder, then move it to ``target`` in one step.
+
+    On any failure the temporary folder is removed and an existing ``target`` is untouched.
+    """
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"cannot write to {target}: it exists and is not a folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    recover(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{TMP_MARK}", dir=target.parent))
+    try:
+        with _named_write_errors(target):
+            fill(tmp)
+            fs_step("files-written")
+            write_manifest(tmp)
+            for f in tmp.iterdir():
+                fsync_path(f)
+            fsync_path(tmp)
+            fs_step("files-synced")
+            _move_into_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    if not target.exists():
+        os.replace(tmp, target)
+        fs_step("renamed")
+        fsync_path(target.parent)
+        return
+    if exchange(tmp, target):  # target now holds the new folder, tmp the old one
+        fs_step("exchanged")
+        fsync_path(target.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    old = target.with_name(f".{target.name}{OLD_MARK}{os.getpid()}")
+    os.replace(target, old)
+    fs_step("old-moved-aside")  # a crash here is undone by recover()
+    os.replace(tmp, target)
+    fs_step("renamed")
+    fsync_path(target.parent)
+    shutil.rmtree(old, ignore_errors=True)

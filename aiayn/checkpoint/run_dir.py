@@ -1,0 +1,211 @@
+"""A training run's folder: resumable checkpoints that survive a kill at any instant.
+
+::
+
+    RUN/
+      checkpoint -> checkpoints/step_000001500   the latest complete checkpoint (a symlink)
+      checkpoints/step_000001500/                model, tokenizer, run config, train_state.pt
+      snapshots/step_*/                          model-only copies kept for averaging (§6.1)
+      log.csv                                    one row per step, exactly once
+
+A checkpoint is committed in steps, each of which leaves a usable run behind:
+
+1. the folder ``checkpoints/step_N`` is written under a temporary name, flushed to disk with a
+   manifest of sizes and SHA-256s, and renamed into place (aiayn/checkpoint/atomic.py);
+2. a new symlink is made beside ``checkpoint`` and renamed over it -- one atomic switch;
+3. the run folder is flushed, and only then are older checkpoints deleted.
+
+Whatever a kill interrupts, :meth:`RunDir.recover` finds the newest complete checkpoint (the
+highest ``step_N`` folder -- only complete folders ever get that name), points ``checkpoint``
+at it and removes temporary leftovers.  tests/train/test_faults.py kills training at each of
+these steps and at random instants and checks that the resumed run ends bit for bit where an
+uninterrupted one does.
+
+``train_state.pt`` holds only tensors, numbers and strings and is read with
+``torch.load(weights_only=True)``: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.checkpoint.atomic import TMP_MARK, fs_step, fsync_path, write_atomically
+from aiayn.checkpoint.bundle import Bundle, load_bundle, save_bundle, write_bundle_files
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.models import TransformerModel
+
+CHECKPOINT = "checkpoint"
+CHECKPOINTS = "checkpoints"
+SNAPSHOTS = "snapshots"
+LOG_FILE = "log.csv"
+STATE_FILE = "train_state.pt"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class TrainState:
+    """Everything besides the model that a resumed run needs to continue exactly."""
+
+    step: int
+    optimizer: dict[str, Any]
+    torch_rng: torch.Tensor
+    data: dict[str, Any]  # the task's data position (generator states, epoch, batch index)
+    history: list[dict[str, float]] = field(default_factory=list)
+    scaler: dict[str, Any] = field(default_factory=dict)  # a float16 GradScaler's state
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def _step_of(path: Path) -> int | None:
+    m = _STEP_DIR.match(path.name)
+    return int(m.group(1)) if m and path.is_dir() else None
+
+
+def read_state(folder: Path) -> TrainState:
+    path = folder / STATE_FILE
+    if not path.is_file():
+        raise ValueError(f"{folder} holds a model but no {STATE_FILE}: nothing to resume from")
+    try:
+        raw = torch.load(path, weights_only=True)
+        return TrainState(**raw)
+    except Exception as err:  # unpickling errors, truncation, wrong keys
+        raise ValueError(f"corrupt training state {path}: {err}") from err
+
+
+class RunDir:
+    """The files of one training run (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.pointer = self.root / CHECKPOINT
+        self.checkpoints = self.root / CHECKPOINTS
+        self.snapshots = self.root / SNAPSHOTS
+        self.log = self.root / LOG_FILE
+
+    # ----- what is there ----------------------------------------------------------------
+    def _complete(self) -> list[tuple[int, Path]]:
+        if not self.checkpoints.is_dir():
+            return []
+        found = [(_step_of(p), p) for p in self.checkpoints.iterdir()]
+        return sorted((s, p) for s, p in found if s is not None)
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint folder (after :meth:`recover`), or None."""
+        complete = self._complete()
+        return complete[-1][1] if complete else None
+
+    def holds_run(self) -> bool:
+        """Whether an earlier run left its files here."""
+        return bool(
+            self._complete()
+            or self.pointer.exists()
+            or self.pointer.is_symlink()
+            or self.log.exists()
+            or (self.snapshots.is_dir() and any(self.snapshots.iterdir()))
+        )
+
+    # ----- repairs --------------------------------------------------------------------
+    def recover(self) -> list[str]:
+        """Repair what a kill may have left: adopt a checkpoint folder of the old layout,
+        remove temporary folders and links, point ``checkpoint`` at the newest complete
+        checkpoint and delete older ones.  Returns what was done, for the log."""
+        done: list[str] = []
+        if not self.root.is_dir():
+            return done
+        if self.pointer.is_dir() and not self.pointer.is_symlink():  # the layout before 0.2
+            step = read_state(self.pointer).step
+            self.checkpoints.mkdir(exist_ok=True)
+            os.replace(self.pointer, self.checkpoints / step_dir_name(step))
+            done.append(f"moved the old-layout checkpoint to {CHECKPOINTS}/")
+        for folder in (self.root, self.checkpoints, self.snapshots):
+            if not folder.is_dir():
+                continue
+            for leftover in folder.glob(f".*{TMP_MARK}*"):
+                if leftover.is_symlink() or leftover.is_file():
+                    leftover.unlink()
+                else:
+                    shutil.rmtree(leftover, ignore_errors=True)
+                done.append(f"removed the unfinished {leftover.name}")
+        latest = self.latest()
+        if latest is not None:
+            if os.path.realpath(self.pointer) != os.path.realpath(latest):
+                self._point_at(latest)
+                done.append(f"pointed {CHECKPOINT} at {latest.name}")
+            for _, old in self._complete()[:-1]:
+                shutil.rmtree(old, ignore_errors=True)
+        elif self.pointer.is_symlink():  # a link to nothing
+            self.pointer.unlink()
+        return done
+
+    def clear(self) -> None:
+        """Remove the files of an earlier run (``--overwrite``); nothing else in the folder."""
+        if self.pointer.is_symlink() or self.pointer.is_file():
+            self.pointer.unlink()
+        for folder in (self.pointer, self.checkpoints, self.snapshots):
+            if folder.is_dir():
+                shutil.rmtree(folder)
+        if self.log.exists():
+            self.log.unlink()
+
+    # ----- writing --------------------------------------------------------------------
+    def _point_at(self, folder: Path) -> None:
+        tmp = self.root / f".{CHECKPOINT}{TMP_MARK}link"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(os.path.relpath(folder, self.root), tmp)
+        fs_step("pointer-written")
+        os.replace(tmp, self.pointer)  # atomic: the old link or the new one, never neither
+        fs_step("pointer-switched")
+        fsync_path(self.root)
+
+    def save_checkpoint(
+        self,
+        model: TransformerModel,
+        tokenizer: Tokenizer,
+        run: dict[str, Any],
+        state: TrainState,
+    ) -> Path:
+        """Commit a resumable checkpoint at ``state.step`` (see the module docstring)."""
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        target = self.checkpoints / step_dir_name(state.step)
+
+        def fill(tmp: Path) -> None:
+            write_bundle_files(tmp, model, tokenizer, run)
+            torch.save(asdict(state), tmp / STATE_FILE)
+
+        write_atomically(target, fill)
+        self._point_at(target)
+        for _, old in self._complete():
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+        fs_step("old-removed")
+        return target
+
+    def save_snapshot(
+        self, step: int, model: TransformerModel, tokenizer: Tokenizer, run: dict[str, Any]
+    ) -> Path:
+        """A model-only copy for checkpoint averaging."""
+        return save_bundle(self.snapshots / step_dir_name(step), model, tokenizer, run)
+
+    def snapshot_dirs(self) -> list[Path]:
+        if not self.snapshots.is_dir():
+            return []
+        found = [(_step_of(p), p) for p in self.snapshots.iterdir()]
+        return [p for s, p in sorted((s, p) for s, p in found if s is not None)]
+
+    # ----- reading --------------------------------------------------------------------
+    def load(self) -> tuple[Bundle, TrainState]:
+        """The latest checkpoint's model, tokenizer, run config and training state."""
+        latest = self.latest()
+        if latest is None:
+            raise ValueError(f"{self.root} holds no checkpoint")
+        return load_bundle(latest), read_state(latest)

@@ -1,0 +1,90 @@
+"""One optimizer step: learning rate, micro-batches, loss, backward, clipping, update.
+
+Gradient accumulation averages ``grad_accum`` micro-batches; with several processes each rank
+takes its share of the step's micro-batches and DistributedDataParallel averages the ranks'
+gradients, so the update is the same as one process accumulating them all.  A mixture of
+experts adds its load-balancing loss.  A loss or gradient norm that is not finite leaves the
+weights and optimizer untouched: the step is reported as such, and the loop stops or skips
+it as ``train.on_nonfinite`` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from aiayn.nn.moe import RouterStats
+from aiayn.train.config import TrainConfig
+from aiayn.train.task import Task
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    loss: float  # mean over the step's micro-batches (and ranks)
+    lr: float
+    tokens: int  # target tokens of the step, over all ranks
+    finite: bool  # False: the update was not applied
+
+
+class TrainStep:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        wrapped: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        schedule: Callable[[int], float],
+        task: Task,
+        tc: TrainConfig,
+        *,
+        rank: int,
+        world: int,
+        autocast: contextlib.AbstractContextManager[object],
+    ) -> None:
+        self.model, self.wrapped, self.optimizer = model, wrapped, optimizer
+        self.schedule, self.task, self.tc = schedule, task, tc
+        self.rank, self.world, self.autocast = rank, world, autocast
+
+    def __call__(self, step: int) -> StepOutcome:
+        """Step ``step`` (from 0): draws its batches, and updates the model if all is finite."""
+        tc = self.tc
+        lr = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total, tokens = 0.0, 0
+        batches = self.task.next_batches(tc.grad_accum, self.rank, self.world)
+        for batch in batches:
+            aux: list[RouterStats] = []
+            with self.autocast:
+                loss, n_tokens = self.task.loss(self.wrapped, batch, aux)
+            objective = loss
+            if aux:  # mixture of experts: the load-balancing loss, mean over layers
+                objective = loss + tc.moe_aux_weight * torch.stack([s.aux_loss for s in aux]).mean()
+            (objective / len(batches)).backward()
+            total += loss.item() / len(batches)
+            tokens += n_tokens * self.world
+        if self.world > 1:  # the global batch's loss, not this rank's share
+            reduced = torch.tensor([total])
+            dist.all_reduce(reduced)
+            total = reduced.item() / self.world
+        norm = math.inf if not math.isfinite(total) else self._clip()
+        finite = math.isfinite(total) and math.isfinite(norm)
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutcome(total, lr, tokens, finite)
+
+    def _clip(self) -> float:
+        """Clip the gradient norm (if configured) and return it (0 when not measured)."""
+        if self.tc.grad_clip is None:
+            finite = all(
+                bool(torch.isfinite(p.grad).all())
+                for p in self.model.parameters()
+                if p.grad is not None
+            )
+            return 0.0 if finite else math.inf
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip))

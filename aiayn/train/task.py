@@ -1,0 +1,36 @@
+"""What the training loop asks of a task: batches, their loss, a validation loss, and the
+data position that a checkpoint must save.  The loop knows nothing else about the model."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from aiayn.models import TransformerModel
+from aiayn.nn.moe import RouterStats
+
+
+class Task(Protocol):
+    # True when every batch has the same shape (a language model's B × T windows); the loop
+    # then lets the linear layers use oneDNN, whose kernels are built per shape
+    # (aiayn/nn/linear.py).
+    fixed_shapes: bool
+
+    def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
+        """This rank's ``n`` micro-batches of the next step (advances the data position)."""
+        ...
+
+    def loss(
+        self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
+    ) -> tuple[torch.Tensor, int]:
+        """Mean loss over the batch's target tokens, and how many tokens it covered."""
+        ...
+
+    def evaluate(self, model: TransformerModel) -> float:
+        """Validation loss in nats per target token."""
+        ...
+
+    def data_state(self) -> dict[str, Any]: ...
+
+    def load_data_state(self, state: dict[str, Any]) -> None: ...

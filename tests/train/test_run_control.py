@@ -1,0 +1,120 @@
+"""What a run does with its folder: refuses to mix runs, resumes only what exists, says when a
+run is complete, reports the final model's figures, keeps snapshots from the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiayn.checkpoint import RunDir
+from aiayn.cli import main
+from aiayn.train.config import TrainConfig, load_run_config
+from aiayn.train.lm import train_lm
+from aiayn.train.policy import snapshot_steps
+
+TOML = """
+[model]
+preset = "gpt2-small"
+n_layers = 1
+d_model = 32
+n_heads = 4
+d_ff = 64
+max_len = 16
+dropout = 0.0
+
+[data]
+text = "corpus.txt"
+
+[train]
+max_steps = 7
+batch_size = 4
+block_size = 16
+warmup_steps = 2
+eval_interval = 3
+eval_batches = 2
+checkpoint_interval = 3
+"""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "corpus.txt").write_text("All the world's a stage, and all the men players.\n" * 20)
+    (tmp_path / "run.toml").write_text(TOML)
+    return tmp_path
+
+
+def cli(root: Path, *extra: str) -> int:
+    return main(
+        ["train", str(root / "run.toml"), "--out", str(root / "run"), "--data", str(root), *extra]
+    )
+
+
+def test_resume_with_nothing_to_resume_is_an_error(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(root, "--resume") == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_a_second_run_into_the_same_folder_needs_overwrite(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(root) == 0
+    log = (root / "run" / "log.csv").read_text()
+    assert cli(root) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (root / "run" / "log.csv").read_text() == log  # untouched
+    (root / "run" / "notes.txt").write_text("mine")
+    assert cli(root, "--overwrite") == 0
+    assert len((root / "run" / "log.csv").read_text().splitlines()) == 8  # header + 7, once
+    assert (root / "run" / "notes.txt").read_text() == "mine"  # only the run's files go
+
+
+def test_resuming_a_finished_run_says_so_with_its_figures(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(root) == 0
+    first = capsys.readouterr().out
+    assert cli(root, "--resume") == 0
+    out = capsys.readouterr().out
+    assert "already complete: step 7 of 7" in out
+    val = first.split("validation loss ")[1].split()[0]
+    assert f"validation loss {val}" in out and "nan" not in out
+
+
+def test_final_figures_are_the_final_models(root: Path) -> None:
+    run = load_run_config(root / "run.toml")
+    result = train_lm(run, root / "run", root, progress=False)
+    assert result.history[-1]["step"] == 7 and "val_loss" in result.history[-1]
+    assert result.val_loss == result.history[-1]["val_loss"]
+    # Stopped early (a budget, or a planned stop): evaluated where it stopped.
+    part = train_lm(run, root / "part", root, stop_after=5, progress=False)
+    assert part.step == 5 and part.val_loss == part.history[-1]["val_loss"]
+    assert RunDir(root / "part").load()[1].step == 5
+
+
+@pytest.mark.parametrize(
+    ("steps", "keep", "fraction", "expected"),
+    [
+        (1000, 5, 0.1, {1000, 980, 960, 940, 920}),
+        (3000, 5, 0.1, {3000, 2940, 2880, 2820, 2760}),
+        (10, 5, 0.1, {10, 9, 8, 7, 6}),
+        (100, 0, 0.1, set()),
+        (100, 2, 0.2, {100, 90}),
+    ],
+)
+def test_snapshots_come_from_the_end_of_the_run(
+    steps: int, keep: int, fraction: float, expected: set[int]
+) -> None:
+    tc = TrainConfig(max_steps=steps, keep_snapshots=keep, snapshot_fraction=fraction)
+    assert snapshot_steps(tc) == expected
+
+
+def test_bad_train_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="on_nonfinite='maybe'"):
+        TrainConfig(on_nonfinite="maybe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="snapshot_fraction=0"):
+        TrainConfig(snapshot_fraction=0)
+    with pytest.raises(ValueError, match="max_minutes=-1"):
+        TrainConfig(max_minutes=-1)
