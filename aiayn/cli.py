@@ -352,8 +352,10 @@ def _evaluate_translation(
         pairs = pairs[: args.limit]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     t0 = time.perf_counter()
-    scores, _ = evaluate_translation(model.eval(), tokenizer, sources, refs, beam=_beam(args))
+    scores, hyps = evaluate_translation(model.eval(), tokenizer, sources, refs, beam=_beam(args))
     seconds = time.perf_counter() - t0
+    if args.output:
+        Path(args.output).write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
     mode = "greedy" if args.greedy else f"beam {args.beam}, alpha {args.alpha}"
     print(f"{args.split} {src_lang}->{tgt_lang}, {len(pairs)} sentences, {mode}: {scores}")
     print(f"decoding: {seconds:.1f} s, {len(pairs) / seconds:.1f} sentences/s")
@@ -446,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block", type=int, default=None)
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (translation)")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    p.add_argument("--output", default=None, help="write the translations to this file")
     _add_decoding(p)
     p.set_defaults(func=cmd_evaluate)
 

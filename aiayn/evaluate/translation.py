@@ -19,10 +19,13 @@ import sacrebleu
 import torch
 
 from aiayn.data.batching import pad
-from aiayn.data.bpe import BOS, EOS, PAD
+from aiayn.data.bpe import BOS, EOS, PAD, UNK
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.models import EncoderDecoder
+
+
+NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
 
 
 def translate(
@@ -58,9 +61,9 @@ def translate(
         chunk = order[start : start + batch_size]
         src = pad([encoded[i] or [] for i in chunk], PAD)
         if beam is None:
-            hyps = greedy_decode(model, src, bos=BOS, eos=EOS)
+            hyps = greedy_decode(model, src, bos=BOS, eos=EOS, never=NEVER)
         else:
-            hyps = beam_search(model, src, bos=BOS, eos=EOS, config=beam)
+            hyps = beam_search(model, src, bos=BOS, eos=EOS, config=beam, never=NEVER)
         for i, ids in zip(chunk, hyps, strict=True):
             out[i] = tokenizer.decode(ids).strip()
     return out

@@ -12,6 +12,9 @@ Beam search keeps B·K rows in the cache and reorders them by the surviving beam
 every step.  Each sentence's own source length bounds its output, so a sentence decodes to the
 same result whatever it is batched with (tests/generate/test_beam.py).
 
+Tokens listed in ``never`` (padding, BOS, unknown: what translation passes) are masked out of
+every step's distribution, so they can never appear in an output.
+
 Hypotheses end at EOS; ``early_stopping`` ends a sentence as soon as it has K finished
 hypotheses (the usual setting in fairseq and Hugging Face); a hypothesis still open at the
 length limit is finished there without EOS.
@@ -21,6 +24,7 @@ Shapes: B sentences, K beam size, S source length, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +57,14 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def _mask(logits: Tensor, never: Sequence[int]) -> Tensor:
+    """(N, V) logits with the ``never`` columns at -inf (the rest renormalise around them)."""
+    if never:
+        logits = logits.clone()
+        logits[:, list(never)] = float("-inf")
+    return logits
+
+
 def _limits(model: EncoderDecoder, src: Tensor, keep: Tensor | None, max_extra: int) -> list[int]:
     lengths = keep.sum(-1).tolist() if keep is not None else [src.shape[1]] * src.shape[0]
     cap = model.config.max_len - 1  # room for BOS
@@ -61,7 +73,13 @@ def _limits(model: EncoderDecoder, src: Tensor, keep: Tensor | None, max_extra: 
 
 @torch.no_grad()
 def greedy_decode(
-    model: EncoderDecoder, src: Tensor, *, bos: int, eos: int, max_extra: int = 50
+    model: EncoderDecoder,
+    src: Tensor,
+    *,
+    bos: int,
+    eos: int,
+    max_extra: int = 50,
+    never: Sequence[int] = (),
 ) -> list[list[int]]:
     """Most likely next token at every step; output ids exclude BOS and EOS."""
     model.eval()
@@ -74,7 +92,7 @@ def greedy_decode(
     done = [False] * b
     for step in range(max(limits)):
         logits = model.decode(token, memory if step == 0 else None, keep, cache=cache)[:, -1]
-        token = logits.argmax(-1, keepdim=True)  # (B, 1)
+        token = _mask(logits, never).argmax(-1, keepdim=True)  # (B, 1)
         for i, t in enumerate(token[:, 0].tolist()):
             if done[i]:
                 continue
@@ -90,7 +108,13 @@ def greedy_decode(
 
 @torch.no_grad()
 def beam_search(
-    model: EncoderDecoder, src: Tensor, *, bos: int, eos: int, config: BeamConfig = PAPER_BEAM
+    model: EncoderDecoder,
+    src: Tensor,
+    *,
+    bos: int,
+    eos: int,
+    config: BeamConfig = PAPER_BEAM,
+    never: Sequence[int] = (),
 ) -> list[list[int]]:
     """The best hypothesis per sentence (ids without BOS/EOS), by length-normalised score."""
     model.eval()
@@ -110,7 +134,7 @@ def beam_search(
     offsets = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
     for step in range(max(limits)):
         logits = model.decode(tokens, memory if step == 0 else None, keep, cache=cache)[:, -1]
-        logprobs = logits.float().log_softmax(-1)  # (B·K, V)
+        logprobs = _mask(logits.float(), never).log_softmax(-1)  # (B·K, V)
         v = logprobs.shape[-1]
         cand = (scores[:, :, None] + logprobs.view(b, k, v)).view(b, k * v)  # (B, K·V)
         top_scores, top_idx = cand.topk(2 * k, dim=-1)  # (B, 2K): room for K that go on

@@ -120,3 +120,25 @@ def test_output_length_limit_and_penalty() -> None:
         assert len(out) <= int((row != 0).sum()) + 2
     with pytest.raises(ValueError, match="beam_size"):
         BeamConfig(beam_size=0)
+
+
+def test_special_tokens_are_never_emitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that prefers PAD, BOS and UNK above all else still never outputs them."""
+    model = small()
+    decode = model.decode
+
+    def favour_specials(*args: object, **kwargs: object) -> torch.Tensor:
+        logits = decode(*args, **kwargs)  # type: ignore[arg-type]
+        logits[..., [0, 1, 3]] += 100.0
+        return logits
+
+    monkeypatch.setattr(model, "decode", favour_specials)
+    src = sources()
+    never = (0, 1, 3)
+    unmasked = greedy_decode(model, src, bos=BOS, eos=EOS, max_extra=4)
+    assert any(t in never for hyp in unmasked for t in hyp)  # the bias does bite
+    for hyps in (
+        greedy_decode(model, src, bos=BOS, eos=EOS, max_extra=4, never=never),
+        beam_search(model, src, bos=BOS, eos=EOS, config=BeamConfig(max_extra=4), never=never),
+    ):
+        assert not any(t in never for hyp in hyps for t in hyp)
