@@ -78,7 +78,13 @@ def cmd_explore(args: argparse.Namespace) -> int:
     registry = default_registry(args.checkpoint, args.runs, args.preset)
     print(f"models: {', '.join(registry.entries)}", file=sys.stderr)
     print(f"open http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(registry, host=args.host, port=args.port, max_chars=args.max_chars)
+    serve(
+        registry,
+        host=args.host,
+        port=args.port,
+        max_chars=args.max_chars,
+        max_body=args.max_body,
+    )
     return 0
 
 
@@ -514,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-chars", type=int, default=400, help="longest text a request may send")
+    p.add_argument(
+        "--max-body", type=int, default=64 * 1024, help="largest request body in bytes (413 above)"
+    )
     p.set_defaults(func=cmd_explore)
     return parser
 

@@ -24,7 +24,6 @@ from aiayn.data.tokenizer import BPETokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.models import EncoderDecoder
 
-
 NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
 
 

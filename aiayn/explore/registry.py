@@ -19,7 +19,14 @@ from typing import Any
 
 import torch
 
-from aiayn.checkpoint import CONFIG_FILE, TOKENIZER_FILE, is_bundle, load_bundle, read_config
+from aiayn.checkpoint import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    is_bundle,
+    load_bundle,
+    read_config,
+    read_run,
+)
 from aiayn.checkpoint.run_dir import CHECKPOINTS
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
@@ -44,12 +51,32 @@ def looks_like_path(name: str) -> bool:
     return any(c in name for c in "/\\~") or ".." in name or name.startswith(".")
 
 
+# A first sentence for each input language, so that the page opens on something the selected
+# model reads: a German->English model gets German.
+EXAMPLES = {
+    "de": "Ein Hund läuft über die grüne Wiese.",
+    "en": "A dog runs across the green meadow.",
+    "fr": "Un chien court sur la prairie verte.",
+    "cs": "Pes běží přes zelenou louku.",
+}
+LM_EXAMPLE = "ROMEO: But soft, what light through yonder window breaks?"
+
+
+def example_text(config: ModelConfig, run: dict[str, Any]) -> str:
+    """A sentence in the language the model reads (from the run's data config)."""
+    if config.arch == "encoder-decoder":
+        lang = str(run.get("data", {}).get("source_lang", "de"))
+        return EXAMPLES.get(lang, EXAMPLES["de"])
+    return LM_EXAMPLE
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
     config: ModelConfig
     directory: Path | None  # a checkpoint folder, or None for an untrained preset
     preset: str | None = None
+    example: str = LM_EXAMPLE  # what the page's text box starts with for this model
 
     def describe(self) -> dict[str, Any]:
         from aiayn.inspect.calc import parameter_count
@@ -65,6 +92,7 @@ class Entry:
             "d_model": c.d_model,
             "max_len": c.max_len,
             "parameters": parameter_count(c),
+            "example": self.example,
         }
 
 
@@ -109,7 +137,8 @@ class Registry:
                 f"{folder} is not a checkpoint folder (expected {CONFIG_FILE} and {TOKENIZER_FILE})"
             )
         name = name or _checkpoint_name(folder.resolve(), folder.resolve().parent)
-        self._add(Entry(name, read_config(folder), folder))
+        config = read_config(folder)
+        self._add(Entry(name, config, folder, example=example_text(config, read_run(folder))))
         return name
 
     def add_runs(self, root: str | Path) -> list[str]:
@@ -145,7 +174,7 @@ class Registry:
                 f" explorer builds ({MAX_PRESET_PARAMETERS:,}); train or shrink it"
             )
         name = f"{preset}:untrained"
-        self._add(Entry(name, config, None, preset))
+        self._add(Entry(name, config, None, preset, example=example_text(config, {})))
         return name
 
     def entry(self, name: object) -> Entry:

@@ -13,8 +13,11 @@ which call the library:
 ========================  ======================================================================
 
 Bad requests get a 4xx answer with ``{"error": "..."}`` naming what was wrong, and the server
-keeps serving: 400 malformed JSON or a model named by a path, 404 an unknown model, 413 text
-over the limit (characters, or the model's tokens), 422 a value out of range.
+keeps serving: 400 malformed JSON (too deeply nested included) or a model named by a path, 404
+an unknown model or path, 405 a wrong method, 413 a body over ``max_body`` bytes (refused from
+its Content-Length, or as soon as a chunked body passes the limit, before it is read) or text
+over the limit (characters, or the model's tokens), 422 a value out of range.  Anything
+unexpected is a 500 with ``{"error": ...}`` too.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aiayn.config import get_preset, presets
 from aiayn.explore import analysis
@@ -36,6 +41,65 @@ from aiayn.inspect import calc, teaching
 
 STATIC = Path(__file__).parent / "static"
 DEFAULT_MAX_CHARS = 400
+DEFAULT_MAX_BODY = 64 * 1024  # bytes of a request body
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is refused with 413 before it is read
+    -- at once from its Content-Length, or as soon as a chunked body passes the limit."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(send, declared.decode(errors="replace"))
+            return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge(
+                        413,
+                        f"the request body is more than {self.max_bytes} bytes;"
+                        f" this server accepts at most {self.max_bytes}",
+                    )
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send, f"more than {self.max_bytes}")
+
+    async def _refuse(self, send: Send, size: str) -> None:
+        response = _error(
+            413, f"the request body is {size} bytes; this server accepts at most {self.max_bytes}"
+        )
+        await response({"type": "http"}, _no_body, send)
+
+
+class _TooLarge(HTTPException):
+    """Raised while reading a body that passes the limit; FastAPI passes HTTPExceptions
+    through its body parsing, so the handler answers 413 with this message."""
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 class Strict(BaseModel):
@@ -113,17 +177,36 @@ def _describe_validation(err: RequestValidationError) -> tuple[int, str]:
     return 422, "; ".join(problems)
 
 
-def create_app(registry: Registry, *, max_chars: int = DEFAULT_MAX_CHARS) -> FastAPI:
-    """The explorer app over ``registry``; texts longer than ``max_chars`` get a 413."""
+def create_app(
+    registry: Registry, *, max_chars: int = DEFAULT_MAX_CHARS, max_body: int = DEFAULT_MAX_BODY
+) -> FastAPI:
+    """The explorer app over ``registry``; texts longer than ``max_chars`` and bodies larger
+    than ``max_body`` bytes get a 413."""
     import plotly
 
     app = FastAPI(title="aiayn explorer", docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=max_body)
     compute = threading.Lock()  # one model computation at a time: the CPU has few cores
     plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
         return _error(*_describe_validation(err))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        detail = err.detail if isinstance(err.detail, str) else "bad request"
+        if err.status_code == 400 and "parsing the body" in detail:
+            detail = "malformed JSON: the body could not be parsed (too deeply nested?)"
+        return _error(err.status_code, detail)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(_: Request, err: RecursionError) -> JSONResponse:
+        return _error(400, "malformed JSON: nested too deeply")
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, err: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(err).__name__}: {err}")
 
     @app.exception_handler(PathNotAllowed)
     async def path_like(_: Request, err: PathNotAllowed) -> JSONResponse:
@@ -232,8 +315,10 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     max_chars: int = DEFAULT_MAX_CHARS,
+    max_body: int = DEFAULT_MAX_BODY,
 ) -> None:
     """Run the explorer until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(registry, max_chars=max_chars), host=host, port=port, log_level="info")
+    app = create_app(registry, max_chars=max_chars, max_body=max_body)
+    uvicorn.run(app, host=host, port=port, log_level="info")

@@ -49,11 +49,10 @@ def test_score_equals_a_hand_computation_and_sacrebleu() -> None:
 def test_evaluate_prints_what_sacrebleu_gives_for_its_hypotheses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.train.test_translation import TOML, write_corpus
-
     from aiayn.cli import main
     from aiayn.train.config import load_run_config
     from aiayn.train.translate import train_translation
+    from tests.train.test_translation import TOML, write_corpus
 
     write_corpus(tmp_path / "data")
     (tmp_path / "run.toml").write_text(TOML)

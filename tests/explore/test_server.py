@@ -188,3 +188,97 @@ def test_a_sliding_window_model_shows_its_window():
         w is not None
         for w in analysis.attention_view(reg.get(name), "abcdef", causal=False)["weights"][0]
     )
+
+
+def _raw(server: str, body_chunks: list[bytes], headers: dict[str, str]) -> tuple[int, dict]:
+    """POST with exact control over the body and headers (http.client, no helpers)."""
+    import http.client
+    import json as _json
+    from urllib.parse import urlparse
+
+    url = urlparse(server)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.putrequest("POST", "/api/attention")
+    for k, v in headers.items():
+        conn.putheader(k, v)
+    conn.endheaders()
+    sent = 0
+    try:
+        for chunk in body_chunks:
+            conn.send(chunk)
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed before the whole body was sent
+    response = conn.getresponse()
+    data = _json.loads(response.read() or b"{}")
+    conn.close()
+    return response.status, data
+
+
+def test_oversized_bodies_are_refused_before_they_are_read(server):
+    big = b"x" * (20 * 1024 * 1024)
+    status, err = _raw(server, [big], {"Content-Type": "application/json", "Content-Length": str(len(big))})  # fmt: skip
+    assert status == 413 and "at most 65536" in err["error"]
+    # Chunked, no length given: refused once 64 KiB have arrived, not after 20 MB.
+    chunk = b"x" * 8192
+    framed = [b"%x\r\n" % len(chunk) + chunk + b"\r\n"] * 2560 + [b"0\r\n\r\n"]
+    status, err = _raw(server, framed, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"})  # fmt: skip
+    assert status == 413 and "more than 65536" in err["error"]
+
+
+def test_every_error_is_json_with_an_error_field(client):
+    deep = "[" * 100_000 + "]" * 100_000
+    status, err = client.request("/api/attention", deep[:60_000])
+    assert status == 400 and set(err) == {"error"}
+    status, err = client.request("/api/attention", '{"model": ' + "[" * 5000 + "]" * 5000 + "}")
+    assert status in (400, 422) and set(err) == {"error"}
+    status, err = client.request("/api/nowhere")
+    assert status == 404 and set(err) == {"error"}
+    status, err = client.request("/api/models", {"x": 1})  # POST to a GET route
+    assert status == 405 and set(err) == {"error"}
+
+
+def test_each_model_starts_on_a_sentence_it_reads(client, tmp_path):
+    from aiayn.checkpoint import RUN_FILE
+    from aiayn.explore.registry import EXAMPLES, Registry
+
+    _, info = client.request("/api/models")
+    by_name = {m["name"]: m for m in info["models"]}
+    assert by_name["tiny-mt"]["example"] == EXAMPLES["de"]  # no run.json: the paper's German
+    assert by_name["tiny-lm"]["example"].startswith("ROMEO")
+    # A French->English checkpoint starts on French.
+    import json
+    import shutil
+
+    from tests.explore.conftest import make_checkpoints
+
+    make_checkpoints(tmp_path)
+    shutil.copytree(tmp_path / "mt", tmp_path / "fr")
+    (tmp_path / "fr" / RUN_FILE).write_text(json.dumps({"data": {"source_lang": "fr"}}))
+    reg = Registry()
+    reg.add_checkpoint(tmp_path / "fr", "fr-en")
+    assert reg.describe()[0]["example"] == EXAMPLES["fr"]
+
+
+def test_a_bounded_load_is_served_with_flat_memory(client):
+    """200 requests, 16 at a time, on loopback: every one answered, memory flat."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def rss_mib() -> float:
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+    def one(i: int) -> int:
+        path, body = [
+            ("/api/attention", {"model": "tiny-lm", "text": f"to be or not {i}", "layer": i % 2}),
+            ("/api/next-token", {"model": "tiny-lm", "text": "ROMEO"}),
+            ("/api/attention", {"model": "tiny-mt", "text": "ein hund", "target": "a dog"}),
+            ("/api/lesson/query", {"query": 3}),
+        ][i % 4]
+        return client.request(path, body)[0]
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(40)))  # warm up: models loaded, caches filled
+        before = rss_mib()
+        statuses = list(pool.map(one, range(200)))
+    assert statuses == [200] * 200
+    assert rss_mib() - before < 60, f"memory grew from {before:.0f} to {rss_mib():.0f} MiB"

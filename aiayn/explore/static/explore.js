@@ -50,6 +50,12 @@ function streamsOf(model) {
 
 function onModelChange() {
   const model = state.models[$("model").value];
+  // Start each model on a sentence in the language it reads, unless the reader typed one.
+  const examples = Object.values(state.models).map((m) => m.example);
+  if (!$("text").value.trim() || examples.includes($("text").value)) {
+    $("text").value = model.example;
+    $("target").value = "";
+  }
   $("model-info").textContent =
     `${model.kind}, ${model.arch}, ${model.n_layers} layers, ${model.n_heads} heads, ` +
     `d_model ${model.d_model}, context ${model.max_len}, ` +
