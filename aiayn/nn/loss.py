@@ -41,19 +41,19 @@ CHUNK_ROWS = 1024  # rows per chunk: (1024, V) fp32 logits at a time
 def _chunk_loss(
     h: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, ignore: int, smoothing: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Summed loss of the chunk's valid rows; its (n, V) fp32 logits, their (n,) logsumexp and
-    the (n,) valid flags."""
+    """Summed loss of the chunk's valid rows; its (n, V) fp32 log-probabilities, the (n,)
+    valid flags and the (n,) targets with ignored ones replaced by 0."""
     z = F.linear(h, weight, bias)  # (n, V)
     if z.dtype in (torch.bfloat16, torch.float16):
         z = z.float()  # the softmax in fp32, whatever the matmul ran in
+    logp = torch.log_softmax(z, dim=-1)  # (n, V), one fused pass
+    del z
     valid = y != ignore  # (n,)
     safe_y = torch.where(valid, y, 0)
-    lse = torch.logsumexp(z, dim=-1)  # (n,)
-    picked = z.gather(1, safe_y[:, None]).squeeze(1)  # (n,)
-    per_row = lse - (1.0 - smoothing) * picked
+    per_row = -(1.0 - smoothing) * logp.gather(1, safe_y[:, None]).squeeze(1)  # (n,)
     if smoothing:
-        per_row = per_row - smoothing * z.mean(dim=-1)
-    return (per_row * valid).sum(), z, lse, valid
+        per_row = per_row - smoothing * logp.mean(dim=-1)
+    return (per_row * valid).sum(), logp, valid, safe_y
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -77,33 +77,44 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dw = torch.zeros(weight.shape, dtype=acc, device=h.device) if need_w else None
         db = torch.zeros(weight.shape[0], dtype=acc, device=h.device) if need_b else None
         total = torch.zeros((), dtype=acc, device=h.device)
-        v = weight.shape[0]
+        w = weight.to(h.dtype)
+        eps_v = smoothing / weight.shape[0]  # the ε / V every class gets
+        w_sum = w.sum(0) if smoothing and need_h else None  # (C,), for the ε / V term
+        h_sum = torch.zeros(h.shape[-1], dtype=acc, device=h.device)  # Σ r·h, likewise
         for start in range(0, h.shape[0], chunk):
             hc, yc = h[start : start + chunk], y[start : start + chunk]
-            loss, z, lse, valid = _chunk_loss(hc, weight, bias, yc, ignore, smoothing)
+            loss, logp, valid, safe_y = _chunk_loss(hc, weight, bias, yc, ignore, smoothing)
             total += loss
             if dh is None and dw is None and db is None:
                 continue
-            # dz = (softmax(z) - (1 - ε) onehot(y) - ε / V) / n_valid on valid rows, 0 elsewhere
-            g = z.sub_(lse[:, None]).exp_()  # (n, V) softmax, in the logits' memory
-            if smoothing:
-                g.sub_(smoothing / v)
+            # dz = r ⊙ (softmax(z) - (1 - ε) onehot(y) - ε / V), r = valid / n_valid per row.
+            # The row scale r and the constant ε / V are applied to the (n, C) and (V, C)
+            # products rather than to the (n, V) probabilities: two passes over (n, V) saved.
+            g = logp.exp_()  # (n, V) softmax, in the log-probabilities' memory
             g.scatter_add_(
                 1,
-                torch.where(valid, yc, 0)[:, None],
+                safe_y[:, None],
                 torch.full((yc.shape[0], 1), smoothing - 1.0, dtype=g.dtype, device=g.device),
             )
-            g.mul_((valid.to(g.dtype) / denom)[:, None])
+            r = (valid.to(acc) / denom)[:, None]  # (n, 1)
             gl = g.to(h.dtype)
             if dh is not None:
-                dh[start : start + chunk] = gl @ weight.to(h.dtype)  # (n, C)
+                dhc = gl @ w  # (n, C)
+                if w_sum is not None:
+                    dhc -= eps_v * w_sum
+                dh[start : start + chunk] = dhc * r.to(dhc.dtype)
             if dw is not None:  # (V, C), accumulated in fp32
-                if gl.dtype == hc.dtype == dw.dtype:
-                    dw.addmm_(gl.t(), hc)
+                hr = hc * r.to(hc.dtype)  # (n, C)
+                if gl.dtype == hr.dtype == dw.dtype:
+                    dw.addmm_(gl.t(), hr)
                 else:
-                    dw.add_(gl.t() @ hc.to(gl.dtype))
+                    dw.add_(gl.t() @ hr.to(gl.dtype))
+                if smoothing:
+                    h_sum += hr.sum(0).to(acc)
             if db is not None:
-                db += g.sum(0)
+                db += (g * r.to(g.dtype)).sum(0).to(acc) - eps_v * float(r.sum())
+        if dw is not None and smoothing:
+            dw -= eps_v * h_sum  # the ε / V term of every class, once
         ctx.save_for_backward(
             *(t if t is not None else torch.empty(0) for t in (dh, dw, db)),
         )
