@@ -9,7 +9,6 @@ The public API:
 >>> aiayn.scaled_dot_product_attention(q, k, v, mask, is_causal=True)
 """
 
-import aiayn.nn.flash  # noqa: F401  (registers the "flash" backend)
 from aiayn.checkpoint import load, save
 from aiayn.config import ModelConfig, get_preset, presets
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel, build_model

@@ -161,7 +161,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     translate test sentences with beam search and score them."""
     from aiayn.checkpoint import RunDir, read_run
     from aiayn.data.parallel import multi30k
-    from aiayn.evaluate.translation import score, translate
+    from aiayn.evaluate.translation import score
+    from aiayn.generate.translate import translate
     from aiayn.inspect.machine import matmul_gflops
     from aiayn.train.config import load_run_config
     from aiayn.train.translate import train_translation
@@ -242,7 +243,7 @@ def _load_translator(path: str) -> tuple[EncoderDecoder, BPETokenizer]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from aiayn.evaluate.translation import translate
+    from aiayn.generate.translate import translate
 
     model, tokenizer = _load_translator(args.checkpoint)
     text_in = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
@@ -323,7 +324,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import math
 
     from aiayn.data.lm_data import TokenStream
-    from aiayn.train.lm import evaluate_lm
+    from aiayn.evaluate.perplexity import evaluate_lm
 
     bundle = load_bundle(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer

@@ -28,20 +28,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from aiayn import registry
+
 Arch = Literal["encoder-decoder", "decoder", "encoder"]
-Positional = Literal["sinusoidal", "learned", "rope", "none"]
-Norm = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["post", "pre"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
-Backend = Literal["reference", "sdpa", "flash"]
+# Pluggable parts are named by strings checked against aiayn/registry.py, so that a new one is
+# one module and one registry line.
+Positional = str
+Norm = str
+Activation = str
+BackendName = str
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "arch": get_args(Arch),
-    "positional": get_args(Positional),
-    "norm": get_args(Norm),
     "norm_position": get_args(NormPosition),
-    "activation": get_args(Activation),
-    "attention_backend": get_args(Backend),
+}
+_REGISTERED = {  # field -> kind in aiayn.registry
+    "positional": "positional",
+    "norm": "norm",
+    "activation": "activation",
+    "attention_backend": "attention_backend",
 }
 
 
@@ -81,7 +87,7 @@ class ModelConfig:
     attention_dropout: float = 0.0
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
     tie_embeddings: bool = True  # share input embeddings and the output projection, §3.4
-    attention_backend: Backend = "sdpa"
+    attention_backend: BackendName = "sdpa"
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
     # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
     sliding_window: int | None = None
@@ -98,6 +104,10 @@ class ModelConfig:
             value = getattr(self, name)
             if value not in choices:
                 raise _fail(name, value, f"one of {', '.join(map(repr, choices))}")
+        for name, kind in _REGISTERED.items():
+            value = getattr(self, name)
+            if value not in registry.names(kind):
+                raise _fail(name, value, f"one of {', '.join(map(repr, registry.names(kind)))}")
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -36,7 +36,7 @@ def test_preset_sizes_match_published_models() -> None:
     [
         ({"d_model": 30, "n_heads": 4}, "d_model=30 .*multiple of n_heads=4"),
         ({"n_heads": 8, "n_kv_heads": 3}, "n_heads=8 .*multiple of n_kv_heads=3"),
-        ({"positional": "alibi"}, "positional='alibi'.*'sinusoidal'"),
+        ({"positional": "t5"}, "positional='t5'.*'sinusoidal'"),
         ({"norm": "batchnorm"}, "norm='batchnorm'"),
         ({"norm_position": "sandwich"}, "norm_position"),
         ({"activation": "tanh"}, "activation='tanh'"),

@@ -1,9 +1,4 @@
-"""Translating text with a trained encoder-decoder, and scoring it with sacreBLEU.
-
-Lines are tokenized with the checkpoint's BPE vocabulary, sorted by length into batches (so
-that little work goes to padding), decoded with beam search (or greedily), detokenized, and
-put back in their original order.  An empty line translates to an empty line.  A line longer
-than the model supports is an error naming the line, unless ``truncate`` keeps its beginning.
+"""Scoring translations with sacreBLEU.
 
 Scores are sacreBLEU's (Post, 2018): BLEU (cased, on detokenized text with its standard 13a
 tokenization) and chrF.  Older reimplementations report BLEU on lowercased, tokenized text;
@@ -18,54 +13,10 @@ from dataclasses import dataclass
 import sacrebleu
 import torch
 
-from aiayn.data.batching import pad
-from aiayn.data.bpe import BOS, EOS, PAD, UNK
 from aiayn.data.tokenizer import BPETokenizer
-from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
+from aiayn.generate.beam import PAPER_BEAM, BeamConfig
+from aiayn.generate.translate import translate
 from aiayn.models import EncoderDecoder
-
-NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
-
-
-def translate(
-    model: EncoderDecoder,
-    tokenizer: BPETokenizer,
-    lines: Sequence[str],
-    *,
-    beam: BeamConfig | None = PAPER_BEAM,
-    batch_size: int = 64,
-    truncate: bool = False,
-) -> list[str]:
-    """Translations of ``lines`` (beam search, or greedy when ``beam`` is None)."""
-    limit = model.config.max_len
-    encoded: list[list[int] | None] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            encoded.append(None)
-            continue
-        ids = [*tokenizer.encode(line.strip()), EOS]
-        if len(ids) > limit:
-            if not truncate:
-                raise ValueError(
-                    f"line {number} has {len(ids)} tokens; the model supports at most {limit}"
-                    " (pass truncate=True / --truncate to keep its beginning)"
-                )
-            ids = [*ids[: limit - 1], EOS]
-        encoded.append(ids)
-    order = sorted(
-        (i for i, e in enumerate(encoded) if e is not None), key=lambda i: len(encoded[i] or [])
-    )
-    out = [""] * len(lines)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        src = pad([encoded[i] or [] for i in chunk], PAD)
-        if beam is None:
-            hyps = greedy_decode(model, src, bos=BOS, eos=EOS, never=NEVER)
-        else:
-            hyps = beam_search(model, src, bos=BOS, eos=EOS, config=beam, never=NEVER)
-        for i, ids in zip(chunk, hyps, strict=True):
-            out[i] = tokenizer.decode(ids).strip()
-    return out
 
 
 @dataclass(frozen=True)

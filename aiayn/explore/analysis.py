@@ -20,7 +20,7 @@ from aiayn.data.tokenizer import BPETokenizer
 from aiayn.explore.registry import Loaded
 from aiayn.generate.sampling import SamplingConfig, next_token_distribution
 from aiayn.inspect.attention_maps import as_trained, encode
-from aiayn.inspect.scores import AttentionScores, record_scores, reweight, view_mask
+from aiayn.inspect.scores import AttentionScores, recorded_scores, reweight, view_mask
 from aiayn.models import EncoderDecoder
 
 
@@ -69,17 +69,16 @@ def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
     model = loaded.model
     src, src_labels = _encode(loaded, text, "text")
     labels = {"source": src_labels}
-    with torch.no_grad(), record_scores(model) as recorded:
-        if isinstance(model, EncoderDecoder):
-            (src, labels["source"]), (tgt, labels["target"]) = as_trained(
-                loaded.tokenizer, (src, src_labels), _encode(loaded, target or text, "target")
-            )
-            _check_length(loaded, src, "text")
-            _check_length(loaded, tgt, "target")
-            model(torch.tensor([src]), torch.tensor([tgt]))
-        else:
-            _check_length(loaded, src, "text")
-            model(torch.tensor([src]))
+    if isinstance(model, EncoderDecoder):
+        (src, labels["source"]), (tgt, labels["target"]) = as_trained(
+            loaded.tokenizer, (src, src_labels), _encode(loaded, target or text, "target")
+        )
+        _check_length(loaded, src, "text")
+        _check_length(loaded, tgt, "target")
+        recorded = recorded_scores(model, torch.tensor([src]), torch.tensor([tgt]))
+    else:
+        _check_length(loaded, src, "text")
+        recorded = recorded_scores(model, torch.tensor([src]))
     streams: dict[str, list[AttentionScores]] = {}
     for r in recorded:
         streams.setdefault(r.stream, []).append(r)
@@ -115,7 +114,9 @@ def attention_view(
     layers = rec.streams[stream]
     if not 0 <= layer < len(layers):
         raise ValueError(f"layer {layer} is out of range: {stream} has layers 0..{len(layers) - 1}")
-    scores = layers[layer].scores[0]  # (H, T, S)
+    recorded_layer = layers[layer].scores
+    assert recorded_layer is not None
+    scores = recorded_layer[0]  # (H, T, S)
     n_heads = scores.shape[0]
     if head is not None and not 0 <= head < n_heads:
         raise ValueError(f"head {head} is out of range: the layer has heads 0..{n_heads - 1}")
@@ -184,8 +185,8 @@ def next_token(
 
 def translation(loaded: Loaded, text: str, *, beam_size: int = 4) -> dict[str, Any]:
     """Translate ``text`` with beam search (the paper's settings, ``beam_size`` beams)."""
-    from aiayn.evaluate.translation import translate
     from aiayn.generate.beam import PAPER_BEAM
+    from aiayn.generate.translate import translate
 
     model, tokenizer = loaded.model, loaded.tokenizer
     if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):

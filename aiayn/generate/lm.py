@@ -4,7 +4,14 @@ Prompts of different lengths are left-padded into one batch; the model's attenti
 the padding and its positions count real tokens only, so each prompt is continued exactly as
 it would be alone.  The prompt is run once ("prefill"), then each step feeds one token per
 sequence and appends its keys and values to the cache, so a step costs the attention over the
-cached tokens plus a fixed amount of work -- never a re-run of the prefix.
+cached tokens plus a fixed amount of work -- never a re-run of the prefix.  A step is the
+model's ordinary forward pass on one token per row: the same modules as training, so every
+block feature works in generation too.
+
+On a CPU a step is bound by reading the weights.  One row per step goes to BLAS's gemv and
+several to oneDNN's packed product (aiayn/nn/linear.py); with one row, PyTorch's own small
+element-wise operations run on one thread, so that its thread pool and BLAS's do not spin
+against each other.
 
 Shapes: B batch, P padded prompt length, V vocabulary.
 """
@@ -17,7 +24,6 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor
 
-from aiayn.generate.decode_step import FlatDecoder
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
 from aiayn.nn.linear import packed_for_inference
@@ -88,6 +94,7 @@ def stream(
     was_training = model.training
     model.eval()
     packing = ExitStack()
+    threads = torch.get_num_threads()
     try:
         if b > 1:
             # One weight layout for the whole generation: several rows per step are a small
@@ -96,8 +103,8 @@ def stream(
             packing.enter_context(packed_for_inference(model, rows=b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        # Steps skip the module machinery when they can (aiayn/generate/decode_step.py).
-        flat = None if FlatDecoder.unsupported(model) else FlatDecoder(model, b)
+        if b == 1 and device.type == "cpu":
+            torch.set_num_threads(1)  # the steps' products run in BLAS's own threads
         slides = p + max_new_tokens > cfg.max_len
         if slides:  # (B, P + N): every token, to re-read the last max_len - 1 when full
             history = torch.cat([ids, ids.new_zeros(b, max_new_tokens)], 1)
@@ -116,10 +123,7 @@ def stream(
             if slides:
                 history[:, p + step] = nxt
             if cache.length < cfg.max_len:
-                if flat is not None:
-                    logits = flat.step(nxt[:, None], cache)
-                else:
-                    logits = model(nxt[:, None], cache=cache)[:, -1]
+                logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V)
             else:
                 # The context is full: like nanoGPT, keep the last max_len - 1 tokens and
                 # re-read them (their positions restart at 0), then go on with the cache.
@@ -129,6 +133,7 @@ def stream(
                 mask = None if bool(window_real.all()) else window_real
                 logits = model(window, attention_mask=mask, cache=cache)[:, -1]
     finally:
+        torch.set_num_threads(threads)
         packing.close()
         model.train(was_training)
 

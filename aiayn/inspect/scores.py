@@ -5,134 +5,35 @@ of a trained head -- what would it look at with the causal mask lifted, how woul
 attention at another softmax temperature -- we need the scores ``Q K^T / sqrt(d_k)`` of Eq. (1)
 for *every* query-key pair, masked ones included.
 
-:func:`record_scores` runs one ordinary forward pass with every attention module routed through
-a recording backend: it computes the full (B, H, T, S) score matrix, stores it with the name of
-the module and the structural mask the module applied, and then attends exactly as the reference
-backend does, so the model's outputs are unchanged.  :func:`reweight` turns a recorded score
-matrix into weights at a chosen temperature, with or without the causal mask.
+:func:`recorded_scores` runs one ordinary forward pass with a :class:`~aiayn.nn.context.Record`
+that asks every attention module for its scores (the model's outputs are unchanged: the same
+modules, the reference backend).  :func:`reweight` turns a recorded score matrix into weights
+at a chosen temperature, with or without the causal mask.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from aiayn.nn.attention import _reference, register_backend
+from aiayn.nn.context import AttentionRecord, Record
 from aiayn.nn.masks import structural_mask
-from aiayn.nn.multihead import MultiHeadAttention
 
-RECORDING_BACKEND = "record-scores"
-
-
-@dataclass
-class AttentionScores:
-    """One attention module's scores on one batch.
-
-    ``stream`` is "self" (decoder-only), "encoder", "decoder" (masked self-attention of an
-    encoder-decoder) or "cross"; ``layer`` counts from 0 within the stream.
-    """
-
-    module: str
-    stream: str
-    layer: int
-    scores: Tensor  # (B, H, T, S): q·k / sqrt(d_k) for every pair, no mask applied
-    causal: bool  # the module applied the causal mask
-    window: int | None  # ... and this sliding window
+AttentionScores = AttentionRecord  # one module's scores (and causal / window) on one batch
 
 
-@dataclass
-class _Recording:
-    current: str | None
-    calls: list[tuple[str, Tensor, bool, int | None]]
-
-
-_ACTIVE: ContextVar[_Recording | None] = ContextVar("aiayn_record_scores", default=None)
-
-
-def _recording_backend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    is_causal: bool,
-    window: int | None,
-    scale: float,
-    dropout_p: float,
-    return_weights: bool,
-) -> tuple[Tensor, Tensor | None]:
-    rec = _ACTIVE.get()
-    if rec is not None and rec.current is not None:
-        groups = q.shape[-3] // k.shape[-3]
-        keys = k.repeat_interleave(groups, dim=-3) if groups > 1 else k  # (B, H, S, D)
-        scores = torch.matmul(q, keys.transpose(-2, -1)) * scale  # (B, H, T, S)
-        rec.calls.append((rec.current, scores.detach().float(), is_causal, window))
-    return _reference(
-        q,
-        k,
-        v,
-        mask,
-        is_causal=is_causal,
-        window=window,
-        scale=scale,
-        dropout_p=dropout_p,
-        return_weights=return_weights,
-    )
-
-
-register_backend(RECORDING_BACKEND, _recording_backend)
-
-
-def _stream(module_name: str, cross: bool, arch: str) -> str:
-    if cross:
-        return "cross"
-    if arch == "encoder-decoder":
-        return "encoder" if module_name.startswith("encoder.") else "decoder"
-    return "encoder" if arch == "encoder" else "self"
-
-
-@contextlib.contextmanager
-def record_scores(model: nn.Module) -> Iterator[list[AttentionScores]]:
-    """Within the block, every attention call of ``model`` appends its scores to the list.
-
-    The list is filled when the block exits, in call order, with layers numbered per stream.
-    """
-    modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    if not modules:
+def recorded_scores(model: nn.Module, *inputs: Any, **kwargs: Any) -> list[AttentionRecord]:
+    """Every attention module's scores for ``model(*inputs, **kwargs)``, in call order, with
+    layers numbered per stream ("self", "encoder", "decoder", "cross")."""
+    record = Record(scores=True)
+    with torch.no_grad():
+        model(*inputs, record=record, **kwargs)
+    if not record.attention:
         raise ValueError(f"{type(model).__name__} has no attention modules to record")
-    arch = getattr(getattr(model, "config", None), "arch", "decoder")
-    rec = _Recording(None, [])
-    saved = {n: m.backend for n, m in modules.items()}
-    hooks = []
-    for name, module in modules.items():
-
-        def enter(_m: nn.Module, _args: object, name: str = name) -> None:
-            rec.current = name
-
-        hooks.append(module.register_forward_pre_hook(enter))
-        module.backend = RECORDING_BACKEND
-    token = _ACTIVE.set(rec)
-    out: list[AttentionScores] = []
-    try:
-        yield out
-    finally:
-        _ACTIVE.reset(token)
-        for hook in hooks:
-            hook.remove()
-        for name, module in modules.items():
-            module.backend = saved[name]
-    counts: dict[str, int] = {}
-    for name, scores, causal, window in rec.calls:
-        stream = _stream(name, modules[name].cross, arch)
-        layer = counts.get(stream, 0)
-        counts[stream] = layer + 1
-        out.append(AttentionScores(name, stream, layer, scores, causal, window))
+    return record.attention
 
 
 def view_mask(t: int, s: int, causal: bool, window: int | None) -> Tensor | None:

@@ -11,53 +11,48 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.nn.blocks import Block, Weights
-from aiayn.nn.cache import LayerCache
+from aiayn.nn.blocks import Block
+from aiayn.nn.cache import Cache
+from aiayn.nn.context import Context, Record
+from aiayn.nn.embedding import Embeddings
 from aiayn.nn.loss import linear_cross_entropy
-from aiayn.nn.multihead import Rotary
+from aiayn.nn.masks import key_padding_to_attention
 from aiayn.nn.norms import build_norm
-from aiayn.nn.positions import LearnedPositions, RotaryEmbedding
+from aiayn.nn.positions import LearnedPositions
 
 
 class Stack(nn.Module):
     """N blocks, and the final norm that pre-LN needs (post-LN blocks end normalised)."""
 
-    def __init__(self, config: ModelConfig, n_layers: int, *, cross: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, n_layers: int, *, cross: bool = False, stream: str = "self"
+    ) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block(config, cross=cross) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            Block(config, cross=cross, stream=stream, layer=i) for i in range(n_layers)
+        )
         self.norm = (
             build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
             if config.norm_position == "pre"
             else None
         )
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        caches: list[LayerCache] | None = None,
-        weights: Weights | None = None,
-        **kwargs: object,
-    ) -> Tensor:
-        for i, block in enumerate(self.blocks):
-            cache = None if caches is None else caches[i]
-            x = block(x, cache=cache, weights=weights, **kwargs)  # (B, T, C)
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        for block in self.blocks:
+            x = block(x, ctx)  # (B, T, C)
         return x if self.norm is None else self.norm(x)
 
 
 class TransformerModel(nn.Module):
-    """Base class: holds the config, initialises weights, counts parameters."""
+    """Base class: holds the config, initialises weights, counts parameters, and turns ids into
+    a stack's input and forward context."""
 
     config: ModelConfig
+    cache_layers: int = 0  # layers a KV cache needs (decoder self-attention layers)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.rotary = (
-            RotaryEmbedding(config.head_dim, config.max_len, config.rope_base, config.rope_scaling)
-            if config.positional == "rope"
-            else None
-        )
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         """Trainable parameters, each shared (tied) tensor counted once.
@@ -110,13 +105,66 @@ class TransformerModel(nn.Module):
             label_smoothing=label_smoothing,
         )
 
-    def _positions(self, t: int, offset: int, device: torch.device) -> Tensor:
-        """(T,) positions offset..offset+T-1, checked against max_len."""
+    def embed_context(
+        self,
+        embed: Embeddings,
+        ids: Tensor,
+        keep: Tensor | None,
+        cache: Cache | None,
+        *,
+        causal: bool,
+        record: Record | None,
+    ) -> tuple[Tensor, Context]:
+        """The (B, T, C) input of a stack and its context, from (B, T) ids.
+
+        ``keep`` (B, T) flags real tokens (None: all real).  Positions count real tokens only,
+        so a left-padded prompt sees the positions it would see alone; with a ``cache`` the new
+        tokens continue where the cached ones stopped.  Padded keys are hidden from every query.
+        """
+        t = ids.shape[1]
+        offset = 0 if cache is None else cache.length
         if offset + t > self.config.max_len:
             raise ValueError(
                 f"sequence of length {offset + t} exceeds the model's max_len={self.config.max_len}"
             )
-        return torch.arange(offset, offset + t, device=device)
+        if cache is not None:
+            key_mask, positions, key_positions = cache.advance(t, keep, ids.device)
+        elif keep is not None:
+            key_mask = keep
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+            key_positions = positions
+        else:
+            key_mask = None
+            positions = key_positions = torch.arange(t, device=ids.device)  # (T,)
+        x = embed(ids, positions)  # (B, T, C)
+        ctx = Context(
+            mask=None if key_mask is None else key_padding_to_attention(key_mask),  # (B,1,1,S)
+            causal=causal,
+            window=self.config.sliding_window if causal else None,
+            positions=embed.positions.state(positions, key_positions),
+            cache=cache,
+            record=record,
+        )
+        return x, ctx
 
-    def _rotary(self, positions: Tensor) -> Rotary | None:
-        return None if self.rotary is None else self.rotary(positions)
+    def new_cache(
+        self, batch: int, capacity: int | None = None, *, dtype: torch.dtype | None = None
+    ) -> Cache:
+        """An empty KV cache for ``batch`` sequences of up to ``capacity`` (max_len) tokens."""
+        c = self.config
+        if not self.cache_layers:
+            raise ValueError(f"a {type(self).__name__} does not decode: it has no KV cache")
+        capacity = c.max_len if capacity is None else capacity
+        if capacity > c.max_len:
+            raise ValueError(f"cache capacity {capacity} exceeds the model's max_len={c.max_len}")
+        p = next(self.parameters())
+        return Cache.empty(
+            self.cache_layers,
+            batch,
+            c.kv_heads,
+            capacity,
+            c.head_dim,
+            window=c.sliding_window,
+            dtype=dtype or p.dtype,
+            device=p.device,
+        )

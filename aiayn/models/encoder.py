@@ -14,12 +14,10 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.models.base import Stack, TransformerModel
-from aiayn.nn.blocks import Weights
+from aiayn.nn.context import Record
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.linear import Linear
 from aiayn.nn.loss import linear_cross_entropy
-from aiayn.nn.masks import key_padding_to_attention
-from aiayn.nn.moe import RouterStats
 from aiayn.nn.norms import build_norm
 
 
@@ -47,15 +45,8 @@ class EncoderLM(TransformerModel):
         if config.arch != "encoder":
             raise ValueError(f"EncoderLM needs arch='encoder', got {config.arch!r}")
         c = config
-        self.embed = Embeddings(
-            c.vocab_size,
-            c.d_model,
-            positional=c.positional,
-            max_len=c.max_len,
-            scale=c.scale_embeddings,
-            dropout=c.dropout,
-        )
-        self.encoder = Stack(c, c.n_layers)
+        self.embed = Embeddings(c, c.vocab_size)
+        self.encoder = Stack(c, c.n_layers, stream="encoder")
         self.head = MaskedLMHead(c)
         self.init_weights()
         if c.tie_embeddings:
@@ -66,26 +57,26 @@ class EncoderLM(TransformerModel):
         ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
-        weights: Weights | None = None,
-        aux: list[RouterStats] | None = None,
+        record: Record | None = None,
     ) -> Tensor:
         """(B, T) ids -> (B, T, C) contextual vectors."""
         check_ids(ids, self.config.vocab_size)
         if attention_mask is None and self.config.pad_id is not None:
-            attention_mask = ids != self.config.pad_id
-        if attention_mask is not None:
+            keep = ids != self.config.pad_id
+            attention_mask = None if bool(keep.all()) else keep
+        elif attention_mask is not None:
             check_token_mask(attention_mask, ids)
-        positions = self._positions(ids.shape[1], 0, ids.device)
-        x = self.embed(ids, positions)  # (B, T, C)
-        mask = None if attention_mask is None else key_padding_to_attention(attention_mask)
-        return self.encoder(x, mask=mask, rotary=self._rotary(positions), weights=weights, aux=aux)
+        x, ctx = self.embed_context(
+            self.embed, ids, attention_mask, None, causal=False, record=record
+        )
+        return self.encoder(x, ctx)
 
     def forward(
         self,
         ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
-        aux: list[RouterStats] | None = None,
+        record: Record | None = None,
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
     ) -> Tensor:
@@ -94,7 +85,7 @@ class EncoderLM(TransformerModel):
         With ``targets`` (B, T) -- the original token where one was masked, -100 elsewhere --
         the mean cross entropy over the masked positions instead, without the logits.
         """
-        x = self.encode(ids, attention_mask=attention_mask, aux=aux)  # (B, T, C)
+        x = self.encode(ids, attention_mask=attention_mask, record=record)  # (B, T, C)
         if targets is None:
             return self.head(x)
         return linear_cross_entropy(
@@ -108,6 +99,6 @@ class EncoderLM(TransformerModel):
     def forward_with_weights(
         self, ids: Tensor, *, attention_mask: Tensor | None = None
     ) -> tuple[Tensor, list[Tensor]]:
-        weights: Weights = []
-        logits = self.head(self.encode(ids, attention_mask=attention_mask, weights=weights))
-        return logits, [w for w in weights if w is not None]
+        record = Record(weights=True)
+        logits = self(ids, attention_mask=attention_mask, record=record)
+        return logits, [a.weights for a in record.attention if a.weights is not None]

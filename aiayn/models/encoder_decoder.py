@@ -13,17 +13,15 @@ Shapes: B batch, S source length, T target length, C = d_model, V vocabulary.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from aiayn.config import ModelConfig
 from aiayn.models.base import Stack, TransformerModel
-from aiayn.nn.blocks import Weights
 from aiayn.nn.cache import Cache
+from aiayn.nn.context import Record
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.linear import Linear
 from aiayn.nn.masks import key_padding_to_attention
-from aiayn.nn.moe import RouterStats
 
 
 class EncoderDecoder(TransformerModel):
@@ -32,22 +30,11 @@ class EncoderDecoder(TransformerModel):
         if config.arch != "encoder-decoder":
             raise ValueError(f"EncoderDecoder needs arch='encoder-decoder', got {config.arch!r}")
         c = config
-
-        def embeddings(vocab: int, token: nn.Embedding | None = None) -> Embeddings:
-            return Embeddings(
-                vocab,
-                c.d_model,
-                positional=c.positional,
-                max_len=c.max_len,
-                scale=c.scale_embeddings,
-                dropout=c.dropout,
-                token=token,
-            )
-
-        self.src_embed = embeddings(c.source_vocab_size)
-        self.tgt_embed = embeddings(c.vocab_size)
-        self.encoder = Stack(c, c.n_layers)
-        self.decoder = Stack(c, c.decoder_layers, cross=True)
+        self.cache_layers = c.decoder_layers
+        self.src_embed = Embeddings(c, c.source_vocab_size)
+        self.tgt_embed = Embeddings(c, c.vocab_size)
+        self.encoder = Stack(c, c.n_layers, stream="encoder")
+        self.decoder = Stack(c, c.decoder_layers, cross=True, stream="decoder")
         self.head = Linear(c.d_model, c.vocab_size, bias=False)
         self.init_weights()
         if c.tie_embeddings:  # three-way tying, §3.4
@@ -67,23 +54,13 @@ class EncoderDecoder(TransformerModel):
 
     # ----- the two halves -------------------------------------------------------------------
     def encode(
-        self,
-        src: Tensor,
-        src_mask: Tensor | None = None,
-        *,
-        weights: Weights | None = None,
-        aux: list[RouterStats] | None = None,
+        self, src: Tensor, src_mask: Tensor | None = None, *, record: Record | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """(B, S) source ids -> (B, S, C) memory and the (B, S) source key mask (or None)."""
         check_ids(src, self.config.source_vocab_size, "src")
         keep = self.source_mask(src, src_mask)
-        positions = self._positions(src.shape[1], 0, src.device)
-        x = self.src_embed(src, positions)  # (B, S, C)
-        mask = None if keep is None else key_padding_to_attention(keep)  # (B, 1, 1, S)
-        memory = self.encoder(
-            x, mask=mask, rotary=self._rotary(positions), weights=weights, aux=aux
-        )
-        return memory, keep
+        x, ctx = self.embed_context(self.src_embed, src, keep, None, causal=False, record=record)
+        return self.encoder(x, ctx), keep
 
     def decode(
         self,
@@ -92,8 +69,7 @@ class EncoderDecoder(TransformerModel):
         src_keep: Tensor | None = None,
         *,
         cache: Cache | None = None,
-        weights: Weights | None = None,
-        aux: list[RouterStats] | None = None,
+        record: Record | None = None,
         features_only: bool = False,
     ) -> Tensor:
         """(B, T) target ids (shifted right) -> (B, T, V) logits, or the (B, T, C) vectors
@@ -103,25 +79,14 @@ class EncoderDecoder(TransformerModel):
         first step (cross-attention keys/values are cached).
         """
         check_ids(tgt, self.config.vocab_size, "tgt")
-        offset = 0 if cache is None else cache.length
-        positions = self._positions(tgt.shape[1], offset, tgt.device)  # (T,)
-        x = self.tgt_embed(tgt, positions)  # (B, T, C)
         if cache is not None:
             if src_keep is not None:
                 cache.memory_mask = src_keep
             src_keep = cache.memory_mask
-        memory_mask = None if src_keep is None else key_padding_to_attention(src_keep)
-        x = self.decoder(
-            x,
-            is_causal=True,
-            window=self.config.sliding_window,
-            rotary=self._rotary(positions),
-            memory=memory,
-            memory_mask=memory_mask,
-            caches=None if cache is None else cache.layers,
-            weights=weights,
-            aux=aux,
-        )
+        x, ctx = self.embed_context(self.tgt_embed, tgt, None, cache, causal=True, record=record)
+        ctx.memory = memory
+        ctx.memory_mask = None if src_keep is None else key_padding_to_attention(src_keep)
+        x = self.decoder(x, ctx)
         return x if features_only else self.head(x)  # (B, T, C) or (B, T, V)
 
     def forward(
@@ -130,7 +95,7 @@ class EncoderDecoder(TransformerModel):
         tgt: Tensor,
         *,
         src_mask: Tensor | None = None,
-        aux: list[RouterStats] | None = None,
+        record: Record | None = None,
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
     ) -> Tensor:
@@ -139,10 +104,10 @@ class EncoderDecoder(TransformerModel):
         With ``targets`` (B, T), the mean (label-smoothed, §5.4) cross entropy over the target
         tokens that are not padding instead -- computed without the (B, T, V) logits.
         """
-        memory, keep = self.encode(src, src_mask, aux=aux)
+        memory, keep = self.encode(src, src_mask, record=record)
         if targets is None:
-            return self.decode(tgt, memory, keep, aux=aux)
-        x = self.decode(tgt, memory, keep, aux=aux, features_only=True)  # (B, T, C)
+            return self.decode(tgt, memory, keep, record=record)
+        x = self.decode(tgt, memory, keep, record=record, features_only=True)  # (B, T, C)
         return self.output_loss(
             x,
             targets,
@@ -155,33 +120,9 @@ class EncoderDecoder(TransformerModel):
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits and attention weights: encoder self (B, H, S, S), decoder self (B, H, T, T)
         and cross (B, H, T, S), one tensor per layer each (reference backend)."""
-        enc: Weights = []
-        dec: Weights = []
-        memory, keep = self.encode(src, src_mask, weights=enc)
-        logits = self.decode(tgt, memory, keep, weights=dec)
-        dec_w = [w for w in dec if w is not None]
+        record = Record(weights=True)
+        logits = self(src, tgt, src_mask=src_mask, record=record)
         return logits, {
-            "encoder": [w for w in enc if w is not None],
-            "decoder": dec_w[0::2],
-            "cross": dec_w[1::2],
+            stream: [a.weights for a in record.stream(stream) if a.weights is not None]
+            for stream in ("encoder", "decoder", "cross")
         }
-
-    def new_cache(
-        self, batch: int, capacity: int | None = None, *, dtype: torch.dtype | None = None
-    ) -> Cache:
-        """An empty decoder cache for ``batch`` target sequences of up to ``capacity`` tokens."""
-        c = self.config
-        capacity = c.max_len if capacity is None else capacity
-        if capacity > c.max_len:
-            raise ValueError(f"cache capacity {capacity} exceeds the model's max_len={c.max_len}")
-        p = self.head.weight
-        return Cache.empty(
-            c.decoder_layers,
-            batch,
-            c.kv_heads,
-            capacity,
-            c.head_dim,
-            window=c.sliding_window,
-            dtype=dtype or p.dtype,
-            device=p.device,
-        )

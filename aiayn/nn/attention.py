@@ -2,14 +2,18 @@
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
 
-One entry point, :func:`scaled_dot_product_attention`, and several backends chosen by name:
+One entry point, and several backends chosen by name (aiayn/registry.py):
 
 * ``"reference"`` -- the equation written out.  It materialises the (T, S) weights, so it can
   return them (for pictures and tests), and costs O(T·S) memory.
 * ``"sdpa"`` -- ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels, never
   returns weights).
+* ``"flash"`` -- the tiled kernel of aiayn/nn/flash.py (O(n) memory, its own backward).
 
-Both agree to 1e-5 in fp32 (tests/nn/test_attention.py).  Shapes: ``(..., T, D)`` queries,
+They agree to 1e-5 in fp32 (tests/nn/test_attention.py).  :func:`scaled_dot_product_attention`
+is the public entry point: it checks its arguments and names what is wrong.  :func:`attend` is
+the same computation without the checks, for the model's own modules, whose shapes are right
+by construction -- a decoding step calls it once per layer and token.  Shapes: ``(..., T, D)`` queries,
 ``(..., S, D)`` keys and values; with a head axis, ``(B, H, T, D)`` queries may face
 ``(B, H_kv, S, D)`` keys when H is a multiple of H_kv (grouped-query attention, Ainslie et
 al., 2023).  Masks follow PyTorch: a boolean mask is True where attention is allowed; a float
@@ -29,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn import registry
 from aiayn.nn.masks import structural_mask
 
 ScaleArg = bool | float
@@ -50,7 +55,7 @@ class Backend(Protocol):
     ) -> tuple[Tensor, Tensor | None]: ...
 
 
-def _reference(
+def reference_backend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -101,7 +106,7 @@ def _reference(
     return out, (weights if return_weights else None)
 
 
-def _sdpa(
+def sdpa_backend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -143,15 +148,56 @@ def _sdpa(
     return out.masked_fill(dead, 0.0), None
 
 
-BACKENDS: dict[str, Backend] = {
-    "reference": _reference,
-    "sdpa": _sdpa,
-}
-
-
 def register_backend(name: str, fn: Backend) -> None:
-    """Add an attention backend under ``name`` (same signature as the built-in ones)."""
-    BACKENDS[name] = fn
+    """Add an attention backend under ``name`` (same signature as the built-in ones); models
+    then accept ``attention_backend=name``."""
+    registry.register("attention_backend", name, fn)
+
+
+def backend(name: str) -> Backend:
+    """The backend registered as ``name``."""
+    fn: Backend = registry.resolve("attention_backend", name)
+    return fn
+
+
+def attention_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """The raw scores ``q k^T · scale`` of Eq. (1) for every query-key pair, before any mask:
+    (B, H, T, D) queries against (B, H_kv, S, D) keys -> (B, H, T, S)."""
+    groups = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
+    keys = k.repeat_interleave(groups, dim=-3) if groups > 1 else k  # (B, H, S, D)
+    return torch.matmul(q, keys.transpose(-2, -1)) * scale
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    window: int | None = None,
+    scale: float,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    backend_name: str = "sdpa",
+) -> tuple[Tensor, Tensor | None]:
+    """Eq. (1) by the named backend, without argument checks (see the module docstring)."""
+    t, s = q.shape[-2], k.shape[-2]
+    if t == 1 and (window is None or s <= window):
+        # One query at the newest position (a decoding step) may see every key given: the
+        # causal/window constraint is empty, so no mask is built.
+        is_causal, window = False, None
+    return backend(backend_name)(
+        q,
+        k,
+        v,
+        mask,
+        is_causal=is_causal,
+        window=window,
+        scale=scale,
+        dropout_p=dropout_p,
+        return_weights=return_weights,
+    )
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
@@ -223,15 +269,14 @@ def scaled_dot_product_attention(
             argues against), or an explicit float.
         dropout_p: dropout on the attention weights (pass 0 in evaluation).
         return_weights: also return the (..., T, S) weights (reference backend only).
-        backend: a name in :data:`BACKENDS`.
+        backend: a name registered in aiayn/registry.py (``attention_backend``).
 
     Returns:
         (..., T, D) output, or ``(output, weights)`` when ``return_weights``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"unknown attention backend {backend!r}; expected one of {sorted(BACKENDS)}"
-        )
+    names = registry.names("attention_backend")
+    if backend not in names:
+        raise ValueError(f"unknown attention backend {backend!r}; expected one of {sorted(names)}")
     _check_inputs(q, k, v, mask)
     if window is not None and window < 1:
         raise ValueError(f"window must be a positive integer or None, got {window}")
@@ -241,16 +286,11 @@ def scaled_dot_product_attention(
         )
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    t, s = q.shape[-2], k.shape[-2]
-    if t == 1 and (window is None or s <= window):
-        # One query at the newest position (a decoding step) may see every key given: the
-        # causal/window constraint is empty, so no mask is built.
-        is_causal, window = False, None
     if isinstance(scale, bool):
         scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale else 1.0
     else:
         scale_value = float(scale)
-    out, weights = BACKENDS[backend](
+    out, weights = attend(
         q,
         k,
         v,
@@ -260,6 +300,7 @@ def scaled_dot_product_attention(
         scale=scale_value,
         dropout_p=dropout_p,
         return_weights=return_weights,
+        backend_name=backend,
     )
     if return_weights:
         assert weights is not None

@@ -9,32 +9,34 @@ Placement of the norm:
   final norm after the last block -- the residual stream stays an identity path, which makes
   deep stacks train without warm-up tricks.
 
-The three model families differ only in the masks they pass in and in ``cross``.
+The three model families differ only in the context they pass in (aiayn/nn/context.py) and\nin ``cross``.
 
 Shapes: B batch, T positions, S memory positions, C = d_model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.nn.cache import LayerCache
+from aiayn.nn.context import Context
 from aiayn.nn.feedforward import build_feedforward
-from aiayn.nn.moe import MixtureOfExperts, RouterStats
-from aiayn.nn.multihead import MultiHeadAttention, Rotary
+from aiayn.nn.moe import MixtureOfExperts
+from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.norms import build_norm
-
-Weights = list[Tensor | None]
 
 
 class Block(nn.Module):
-    """Self-attention [+ cross-attention] + feed-forward, each with residual and norm."""
+    """Self-attention [+ cross-attention] + feed-forward, each with residual and norm.
 
-    def __init__(self, config: ModelConfig, *, cross: bool = False) -> None:
+    ``stream`` ("self", "encoder" or "decoder") and ``layer`` place the block in its model:
+    they name what its attention records and pick its layer of a KV cache.
+    """
+
+    def __init__(
+        self, config: ModelConfig, *, cross: bool = False, stream: str = "self", layer: int = 0
+    ) -> None:
         super().__init__()
         c = config
         self.pre_norm = c.norm_position == "pre"
@@ -49,6 +51,8 @@ class Block(nn.Module):
                 bias=c.bias,
                 attention_dropout=c.attention_dropout,
                 backend=c.attention_backend,
+                stream=stream,
+                layer=layer,
             )
 
         self.self_attn = attention(False)
@@ -71,75 +75,28 @@ class Block(nn.Module):
         self.norm2 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
         self.dropout = c.dropout  # on each sublayer's output, before the residual add (§5.4)
 
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        if self.pre_norm:
-            return x + self._drop(sublayer(norm(x)))
-        return norm(x + self._drop(sublayer(x)))
-
     def _drop(self, h: Tensor) -> Tensor:
         # F.dropout, skipped outright in evaluation: decoding calls this twice per layer per token.
         return F.dropout(h, self.dropout) if self.training and self.dropout > 0 else h
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
-        window: int | None = None,
-        rotary: Rotary | None = None,
-        memory: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        cache: LayerCache | None = None,
-        weights: Weights | None = None,
-        aux: list[RouterStats] | None = None,
-    ) -> Tensor:
-        """(B, T, C) -> (B, T, C).  Appends attention weights to ``weights`` and mixture-of-experts
-        router statistics to ``aux`` if given."""
-        want = weights is not None
+    def _feed_forward(self, h: Tensor, ctx: Context) -> Tensor:
+        if not isinstance(self.ffn, MixtureOfExperts):
+            return self.ffn(h)
+        out, stats = self.ffn(h)
+        if ctx.record is not None:
+            ctx.record.router.append(stats)
+        return out
 
-        def self_attention(h: Tensor) -> Tensor:
-            out, w = self.self_attn(
-                h,
-                mask=mask,
-                is_causal=is_causal,
-                window=window,
-                rotary=rotary,
-                cache=None if cache is None else cache.self_kv,
-                return_weights=want,
-            )
-            if weights is not None:
-                weights.append(w)
-            return out
-
-        x = self._residual(x, self.norm1, self_attention)
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        """(B, T, C) -> (B, T, C), attending as ``ctx`` says."""
+        if self.pre_norm:
+            x = x + self._drop(self.self_attn(self.norm1(x), ctx))
+            if self.cross_attn is not None:
+                assert self.norm_cross is not None
+                x = x + self._drop(self.cross_attn(self.norm_cross(x), ctx))
+            return x + self._drop(self._feed_forward(self.norm2(x), ctx))
+        x = self.norm1(x + self._drop(self.self_attn(x, ctx)))
         if self.cross_attn is not None:
-            cross_attn, norm_cross = self.cross_attn, self.norm_cross
-            assert norm_cross is not None
-
-            def cross_attention(h: Tensor) -> Tensor:
-                cross_kv = None
-                if cache is not None:
-                    if cache.cross_kv is None:
-                        if memory is None:
-                            raise ValueError("cross-attention needs memory= on the first step")
-                        cache.cross_kv = cross_attn.project_memory(memory)
-                    cross_kv = cache.cross_kv
-                out, w = cross_attn(
-                    h, memory, mask=memory_mask, cross_kv=cross_kv, return_weights=want
-                )
-                if weights is not None:
-                    weights.append(w)
-                return out
-
-            x = self._residual(x, norm_cross, cross_attention)
-
-        def feed_forward(h: Tensor) -> Tensor:
-            if not isinstance(self.ffn, MixtureOfExperts):
-                return self.ffn(h)
-            out, stats = self.ffn(h)
-            if aux is not None:
-                aux.append(stats)
-            return out
-
-        return self._residual(x, self.norm2, feed_forward)
+            assert self.norm_cross is not None
+            x = self.norm_cross(x + self._drop(self.cross_attn(x, ctx)))
+        return self.norm2(x + self._drop(self._feed_forward(x, ctx)))

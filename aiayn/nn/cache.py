@@ -125,6 +125,7 @@ class Cache:
         self.key_mask: Tensor | None = None  # (B, slots), allocated on first padded input
         self.real: Tensor | None = None  # (B,) real tokens so far, with key_mask
         self.memory_mask: Tensor | None = None  # (B, S_src) source padding, for cross-attention
+        self.positions: Tensor | None = None  # (B|1, slots) the position of each cached key
 
     @classmethod
     def empty(
@@ -177,9 +178,42 @@ class Cache:
         self.real = self.real + keep.long().sum(-1)
         return read, positions.clamp(min=0)
 
+    def advance(
+        self, t: int, keep: Tensor | None, device: torch.device
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Account for the next T positions before the layers append their keys.
+
+        ``keep`` (B, T) flags real tokens (False for left padding), or None when all are real.
+        Returns the (B, S) key mask (None while every cached token is real), the positions of
+        the T new tokens -- (T,), or (B, T) once padding makes rows differ -- and the positions
+        of all S keys the layers will return, (1|B, S), in the same order as the keys.
+        """
+        seen = self.length
+        if keep is None and self.key_mask is None:
+            key_mask = None
+            positions = torch.arange(seen, seen + t, device=device)  # (T,)
+        else:
+            if keep is None:
+                assert self.key_mask is not None
+                keep = torch.ones(self.key_mask.shape[0], t, dtype=torch.bool, device=device)
+            key_mask, positions = self.append_key_mask(keep)  # positions: (B, T)
+        rows = positions if positions.dim() == 2 else positions[None]  # (B|1, T)
+        if self.positions is None:
+            self.positions = torch.zeros(
+                rows.shape[0], self.capacity, dtype=torch.long, device=device
+            )
+        elif self.positions.shape[0] != rows.shape[0]:  # padding arrived: one row per sequence
+            self.positions = self.positions.expand(rows.shape[0], -1).clone()
+        self.positions, key_positions = _append(
+            self.positions, seen, rows, self.layers[0].self_kv.rolling
+        )
+        return key_mask, positions, key_positions
+
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
             layer.reorder(index)
+        if self.positions is not None and self.positions.shape[0] > 1:
+            self.positions = self.positions.index_select(0, index)
         if self.key_mask is not None and self.real is not None:
             self.key_mask = self.key_mask.index_select(0, index)
             self.real = self.real.index_select(0, index)

@@ -5,7 +5,7 @@ sqrt(d_model), so that the embeddings (drawn with std d_model^-0.5) and the unit
 sinusoids have comparable magnitude.  The same matrix E can be shared with the other
 embedding and the pre-softmax projection ("weight tying", §3.4; Press & Wolf, 2017).
 
-Rotary positions are not added here: they rotate queries and keys inside attention.
+Rotary positions and ALiBi add nothing here: they act inside attention.
 
 Shapes: B batch, T positions, C = d_model.
 """
@@ -17,42 +17,36 @@ import math
 import torch
 from torch import Tensor, nn
 
-from aiayn.config import Positional
-from aiayn.nn.positions import LearnedPositions, SinusoidalPositions
+from aiayn.config import ModelConfig
+from aiayn.nn.positions import build_positions
 
 
 class Embeddings(nn.Module):
+    """Token embeddings (scaled), plus what the position scheme adds, then dropout.
+
+    ``self.positions`` is the model's position scheme (aiayn/nn/positions/); schemes that act
+    inside attention (rotary, ALiBi) add nothing here and give the model their state.
+    """
+
     def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        *,
-        positional: Positional,
-        max_len: int,
-        scale: bool,
-        dropout: float,
-        token: nn.Embedding | None = None,
+        self, config: ModelConfig, vocab_size: int, *, token: nn.Embedding | None = None
     ) -> None:
         super().__init__()
-        self.token = nn.Embedding(vocab_size, d_model) if token is None else token
+        d = config.d_model
+        self.token = nn.Embedding(vocab_size, d) if token is None else token
         self.vocab_size = vocab_size
-        self.scale = math.sqrt(d_model) if scale else 1.0
-        self.positions: nn.Module | None
-        if positional == "sinusoidal":
-            self.positions = SinusoidalPositions(max_len, d_model)
-        elif positional == "learned":
-            self.positions = LearnedPositions(max_len, d_model)
-        else:  # "rope" (applied in attention) or "none"
-            self.positions = None
-        self.dropout = nn.Dropout(dropout)
+        self.scale = math.sqrt(d) if config.scale_embeddings else 1.0
+        self.positions = build_positions(config)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         """(B, T) token ids (checked by the model) and (T,) or (B, T) positions -> (B, T, C)."""
         x = self.token(ids)  # (B, T, C)
         if self.scale != 1.0:
             x = x * self.scale
-        if self.positions is not None:
-            x = x + self.positions(positions)
+        added = self.positions.embed(positions)
+        if added is not None:
+            x = x + added
         return self.dropout(x)
 
 

@@ -16,27 +16,18 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.config import Activation
+from aiayn import registry
 from aiayn.nn.linear import Linear
-
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
-}
 
 
 class FeedForward(nn.Module):
-    """Eq. (2) with a chosen activation: ``act(x W1 + b1) W2 + b2``."""
+    """Eq. (2) with a chosen element-wise activation: ``act(x W1 + b1) W2 + b2``."""
 
     def __init__(
-        self, d_model: int, d_ff: int, activation: Activation = "relu", bias: bool = True
+        self, d_model: int, d_ff: int, act: Callable[[Tensor], Tensor] = F.relu, bias: bool = True
     ) -> None:
         super().__init__()
-        if activation == "swiglu":
-            raise ValueError("use GatedFeedForward for activation='swiglu'")
-        self.activation = activation
-        self.act = _ACTIVATIONS[activation]
+        self.act = act
         self.w1 = Linear(d_model, d_ff, bias=bias)
         self.w2 = Linear(d_ff, d_model, bias=bias)
 
@@ -58,7 +49,22 @@ class GatedFeedForward(nn.Module):
         return self.w2(F.silu(gate) * up)  # (B, T, D)
 
 
-def build_feedforward(d_model: int, d_ff: int, activation: Activation, bias: bool) -> nn.Module:
-    if activation == "swiglu":
-        return GatedFeedForward(d_model, d_ff, bias=bias)
-    return FeedForward(d_model, d_ff, activation, bias=bias)
+def relu_ffn(d_model: int, d_ff: int, bias: bool = True) -> FeedForward:
+    """The paper's Eq. (2): ReLU."""
+    return FeedForward(d_model, d_ff, F.relu, bias)
+
+
+def gelu_ffn(d_model: int, d_ff: int, bias: bool = True) -> FeedForward:
+    """BERT's GELU (exact, with erf)."""
+    return FeedForward(d_model, d_ff, F.gelu, bias)
+
+
+def gelu_tanh_ffn(d_model: int, d_ff: int, bias: bool = True) -> FeedForward:
+    """GPT-2's GELU (tanh approximation)."""
+    return FeedForward(d_model, d_ff, partial(F.gelu, approximate="tanh"), bias)
+
+
+def build_feedforward(d_model: int, d_ff: int, activation: str, bias: bool) -> nn.Module:
+    """The feed-forward sublayer registered as ``activation`` (aiayn/registry.py)."""
+    module: nn.Module = registry.resolve("activation", activation)(d_model, d_ff, bias)
+    return module

@@ -53,8 +53,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from aiayn.nn.attention import register_backend
-
 # Rows per query tile (query positions × the G query heads of a group) and keys per key tile.
 # Large enough that each tile's matmuls amortise Python's per-op overhead on CPU, small enough
 # that a (rows, keys) block of scores stays in cache.
@@ -378,6 +376,3 @@ def flash_backend(
         )
     out = flash_attention(q, k, v, mask, is_causal=is_causal, window=window, scale=scale)
     return out, None
-
-
-register_backend("flash", flash_backend)

@@ -95,3 +95,15 @@ def combine(*masks: Tensor | None) -> Tensor | None:
             raise ValueError(f"combine() takes boolean masks, got {m.dtype}")
         out = m if out is None else out & m
     return out
+
+
+def add_bias(mask: Tensor | None, bias: Tensor | None) -> Tensor | None:
+    """A boolean mask and an additive score bias (ALiBi's) as one additive float mask: the bias
+    where attention is allowed, -inf where it is not.  Either may be None."""
+    if bias is None:
+        return mask
+    if mask is None:
+        return bias
+    if mask.dtype != torch.bool:
+        return mask + bias
+    return bias.masked_fill(~mask, float("-inf"))

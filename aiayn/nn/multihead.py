@@ -17,18 +17,25 @@ C = d_model.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
-from aiayn.nn.attention import scaled_dot_product_attention
-from aiayn.nn.cache import KVCache
+from aiayn import registry
+from aiayn.nn.attention import attend, attention_scores
+from aiayn.nn.context import AttentionRecord, Context
 from aiayn.nn.linear import Linear
-from aiayn.nn.positions import apply_rotary
-
-Rotary = tuple[Tensor, Tensor]
+from aiayn.nn.masks import add_bias
 
 
 class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with H query heads and H_kv key/value heads.
+
+    ``stream`` and ``layer`` say where the module sits (they name its records, and pick its
+    layer's KV cache); the block that owns it sets them.
+    """
+
     def __init__(
         self,
         d_model: int,
@@ -40,6 +47,8 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         attention_dropout: float = 0.0,
         backend: str = "sdpa",
+        stream: str = "self",
+        layer: int = 0,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -49,11 +58,17 @@ class MultiHeadAttention(nn.Module):
             d_head = d_model // n_heads
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        if backend not in registry.names("attention_backend"):
+            names = ", ".join(registry.names("attention_backend"))
+            raise ValueError(f"attention_backend={backend!r} is invalid: expected one of {names}")
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
         self.cross = cross
         self.attention_dropout = attention_dropout
         self.backend = backend
+        self.stream, self.layer = ("cross" if cross else stream), layer
+        self.scale = 1.0 / math.sqrt(d_head)
         q_dim, kv_dim = n_heads * d_head, n_kv_heads * d_head
+        self.split = (q_dim, kv_dim, kv_dim)
         if cross:
             self.q = Linear(d_model, q_dim, bias=bias)
             self.kv = Linear(d_model, 2 * kv_dim, bias=bias)
@@ -69,70 +84,64 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv(memory).chunk(2, dim=-1)  # (B, S, H_kv*D) each
         return self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
 
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
-        window: int | None = None,
-        rotary: Rotary | None = None,
-        cache: KVCache | None = None,
-        cross_kv: tuple[Tensor, Tensor] | None = None,
-        return_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``x`` (B, T, C) to itself, or to ``memory`` (B, S, C) if cross.
+    def _cross_kv(self, ctx: Context) -> tuple[Tensor, Tensor]:
+        layer = None if ctx.cache is None else ctx.cache.layers[self.layer]
+        if layer is not None and layer.cross_kv is not None:
+            return layer.cross_kv  # computed on the first decoding step
+        if ctx.memory is None:
+            raise ValueError("cross-attention needs the encoder output (memory) on its first step")
+        kv = self.project_memory(ctx.memory)
+        if layer is not None:
+            layer.cross_kv = kv
+        return kv
 
-        Args:
-            mask: boolean (True = may attend) broadcastable to (B, H, T, S).
-            is_causal / window: the decoder's causal (optionally sliding-window) constraint.
-            rotary: (cos, sin) for the T query positions (RoPE; self-attention only).
-            cache: self-attention KV cache; the new keys/values are appended to it.
-            cross_kv: precomputed cross-attention keys/values (see :meth:`project_memory`).
-            return_weights: also return (B, H, T, S) weights (uses the reference backend).
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        """Attend from ``x`` (B, T, C) to itself, or (cross) to ``ctx.memory`` (B, S, C).
 
-        Returns:
-            (B, T, C) output and the weights (or None).
+        Self-attention applies the context's mask, causality, window and positions and appends
+        its keys and values to the context's cache; cross-attention uses the memory's padding
+        mask.  Records weights and scores when ``ctx.record`` asks.  Returns (B, T, C).
         """
         if x.dim() != 3:
             raise ValueError(f"attention input must be (B, T, d_model), got {tuple(x.shape)}")
         if self.cross:
             q = self._heads(self.q(x), self.n_heads)  # (B, H, T, D)
-            if cross_kv is None:
-                if memory is None:
-                    raise ValueError("cross-attention needs memory= (the encoder output)")
-                cross_kv = self.project_memory(memory)
-            k, v = cross_kv  # (B, H_kv, S, D)
+            k, v = self._cross_kv(ctx)  # (B, H_kv, S, D)
+            mask, causal, window = ctx.memory_mask, False, None
         else:
-            q_dim, kv_dim = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
-            qkv = self.qkv(x)  # (B, T, (H + 2 H_kv) D)
-            q, k, v = qkv.split((q_dim, kv_dim, kv_dim), dim=-1)
+            q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, T, (H + 2 H_kv) D)
             q, k, v = (
                 self._heads(q, self.n_heads),
                 self._heads(k, self.n_kv_heads),
                 self._heads(v, self.n_kv_heads),
             )
-            if rotary is not None:
-                cos, sin = rotary
-                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            if cache is not None:
-                k, v = cache.update(k, v)  # (B, H_kv, S, D)
-        backend = "reference" if return_weights else self.backend
-        result = scaled_dot_product_attention(
+            q, k = ctx.positions.on_qk(q, k)
+            if ctx.cache is not None:
+                k, v = ctx.cache.layers[self.layer].self_kv.update(k, v)  # (B, H_kv, S, D)
+            mask = add_bias(ctx.mask, ctx.positions.score_bias())
+            causal, window = ctx.causal, ctx.window
+        record = ctx.record
+        want = record is not None and record.wants_attention
+        out, weights = attend(
             q,
             k,
             v,
             mask,
-            is_causal=is_causal,
+            is_causal=causal,
             window=window,
+            scale=self.scale,
             dropout_p=self.attention_dropout if self.training else 0.0,
-            return_weights=return_weights,
-            backend=backend,
+            return_weights=want and record.weights,  # type: ignore[union-attr]
+            backend_name="reference" if want else self.backend,
         )
-        out, weights = result if isinstance(result, tuple) else (result, None)
+        if want:
+            assert record is not None
+            scores = attention_scores(q, k, self.scale).detach().float() if record.scores else None
+            record.attention.append(
+                AttentionRecord(self.stream, self.layer, weights, scores, causal, window)
+            )
         out = out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
-        return self.out(out), weights
+        return self.out(out)
 
     @torch.no_grad()
     def load_from_torch(self, ref: nn.MultiheadAttention) -> None:

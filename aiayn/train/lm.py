@@ -15,38 +15,11 @@ import torch
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
+from aiayn.evaluate.perplexity import evaluate_lm, lm_loss
 from aiayn.models import DecoderLM, TransformerModel, build_model
-from aiayn.nn.moe import RouterStats
+from aiayn.nn.context import Record
 from aiayn.train.config import RunConfig
 from aiayn.train.loop import FitResult, train_run
-
-
-def lm_loss(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, aux: list[RouterStats] | None = None
-) -> torch.Tensor:
-    """Next-token cross entropy (nats per token); MoE router statistics go to ``aux``."""
-    return model(x, aux=aux, targets=y)
-
-
-@torch.no_grad()
-def evaluate_lm(
-    model: DecoderLM,
-    stream: TokenStream,
-    *,
-    batches: int,
-    batch_size: int,
-    block: int,
-    seed: int = 0,
-) -> float:
-    """Mean validation loss (nats per token) over fixed random windows."""
-    g = torch.Generator().manual_seed(seed)
-    was = model.training
-    model.eval()
-    losses = [
-        lm_loss(model, *stream.batch("val", batch_size, block, g)).item() for _ in range(batches)
-    ]
-    model.train(was)
-    return sum(losses) / len(losses)
 
 
 class LMTask:
@@ -68,11 +41,9 @@ class LMTask:
         every = [self.stream.batch("train", self.batch_size, self.block) for _ in range(n * world)]
         return every[rank * n : (rank + 1) * n]
 
-    def loss(
-        self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
-    ) -> tuple[torch.Tensor, int]:
+    def loss(self, model: torch.nn.Module, batch: Any, record: Record) -> tuple[torch.Tensor, int]:
         x, y = batch
-        return lm_loss(model, x, y, aux), y.numel()
+        return lm_loss(model, x, y, record), y.numel()
 
     def evaluate(self, model: TransformerModel) -> float:
         assert isinstance(model, DecoderLM)

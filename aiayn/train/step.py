@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from aiayn.nn.moe import RouterStats
+from aiayn.nn.context import Record
 from aiayn.train.config import TrainConfig
 from aiayn.train.task import Task
 
@@ -58,12 +58,13 @@ class TrainStep:
         total, tokens = 0.0, 0
         batches = self.task.next_batches(tc.grad_accum, self.rank, self.world)
         for batch in batches:
-            aux: list[RouterStats] = []
+            record = Record()
             with self.autocast:
-                loss, n_tokens = self.task.loss(self.wrapped, batch, aux)
+                loss, n_tokens = self.task.loss(self.wrapped, batch, record)
             objective = loss
-            if aux:  # mixture of experts: the load-balancing loss, mean over layers
-                objective = loss + tc.moe_aux_weight * torch.stack([s.aux_loss for s in aux]).mean()
+            if record.router:  # mixture of experts: the load-balancing loss, mean over layers
+                balance = torch.stack([s.aux_loss for s in record.router]).mean()
+                objective = loss + tc.moe_aux_weight * balance
             (objective / len(batches)).backward()
             total += loss.item() / len(batches)
             tokens += n_tokens * self.world

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import torch
 
 from aiayn.models import TransformerModel
-from aiayn.nn.moe import RouterStats
+from aiayn.nn.context import Record
 
 
 class Task(Protocol):
@@ -21,10 +21,9 @@ class Task(Protocol):
         """This rank's ``n`` micro-batches of the next step (advances the data position)."""
         ...
 
-    def loss(
-        self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
-    ) -> tuple[torch.Tensor, int]:
-        """Mean loss over the batch's target tokens, and how many tokens it covered."""
+    def loss(self, model: torch.nn.Module, batch: Any, record: Record) -> tuple[torch.Tensor, int]:
+        """Mean loss over the batch's target tokens, and how many tokens it covered; the
+        forward pass records into ``record`` (router statistics of a mixture of experts)."""
         ...
 
     def evaluate(self, model: TransformerModel) -> float:

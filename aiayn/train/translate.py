@@ -20,8 +20,9 @@ from aiayn.data.batching import pad, padding_fraction, token_batches
 from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.parallel import Pair, multi30k, read_parallel
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.evaluate.perplexity import translation_loss
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
-from aiayn.nn.moe import RouterStats
+from aiayn.nn.context import Record
 from aiayn.train.config import RunConfig
 from aiayn.train.loop import FitResult, train_run
 
@@ -91,26 +92,18 @@ class TranslationTask:
         every = [self._next() for _ in range(n * world)]
         return [collate([self.train[i] for i in b]) for b in every[rank * n : (rank + 1) * n]]
 
-    def loss(
-        self, model: torch.nn.Module, batch: Any, aux: list[RouterStats]
-    ) -> tuple[torch.Tensor, int]:
+    def loss(self, model: torch.nn.Module, batch: Any, record: Record) -> tuple[torch.Tensor, int]:
         src, tgt_in, tgt_out = batch
-        loss = model(src, tgt_in, aux=aux, targets=tgt_out, label_smoothing=self.label_smoothing)
+        loss = model(
+            src, tgt_in, record=record, targets=tgt_out, label_smoothing=self.label_smoothing
+        )
         return loss, int((tgt_out != PAD).sum())
 
-    @torch.no_grad()
     def evaluate(self, model: TransformerModel) -> float:
         """Validation cross entropy (no smoothing) in nats per target token."""
-        was = model.training
-        model.eval()
-        total, tokens = 0.0, 0
-        for b in self.valid_batches:
-            src, tgt_in, tgt_out = collate([self.valid[i] for i in b])
-            n = int((tgt_out != PAD).sum())
-            total += float(model(src, tgt_in, targets=tgt_out)) * n
-            tokens += n
-        model.train(was)
-        return total / tokens if tokens else float("nan")
+        assert isinstance(model, EncoderDecoder)
+        batches = [collate([self.valid[i] for i in b]) for b in self.valid_batches]
+        return translation_loss(model, batches, pad_id=PAD)
 
     def data_state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "index": self.index}

@@ -75,5 +75,5 @@ def test_evaluate_prints_what_sacrebleu_gives_for_its_hypotheses(
         text=True,
         check=True,
     )
-    assert 10.0 < printed < 100.0  # a score worth comparing
+    assert printed > 10.0  # a score worth comparing (not 0 = 0)
     assert printed == pytest.approx(float(cli.stdout.strip()), abs=0.005)

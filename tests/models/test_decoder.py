@@ -37,9 +37,9 @@ def small(name: str) -> DecoderLM:
 def test_causal_mask_leaks_nothing_gradient(name: str) -> None:
     model = small(name)
     ids = torch.randint(0, 60, (1, 10))
-    emb = model.embed(ids, torch.arange(10)).detach().requires_grad_(True)
-    rotary = model._rotary(torch.arange(10))
-    h = model.decoder(emb, is_causal=True, rotary=rotary)  # (1, T, C)
+    x, ctx = model.embed_context(model.embed, ids, None, None, causal=True, record=None)
+    emb = x.detach().requires_grad_(True)
+    h = model.decoder(emb, ctx)  # (1, T, C)
     probe = torch.randn(h.shape[-1])  # not .sum(): a LayerNorm output always sums to sum(beta)
     for t in (0, 4, 8):
         (grad,) = torch.autograd.grad(h[0, t] @ probe, emb, retain_graph=True)

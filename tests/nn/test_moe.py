@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import aiayn
+from aiayn.nn.context import Record
 from aiayn.nn.feedforward import build_feedforward
-from aiayn.nn.moe import MixtureOfExperts, RouterStats, load_balancing_loss
+from aiayn.nn.moe import MixtureOfExperts, load_balancing_loss
 
 
 @pytest.mark.parametrize("activation", ["relu", "swiglu"])
@@ -87,8 +88,9 @@ def test_every_family_takes_experts_and_reports_router_stats(preset: str, kw: di
         n_experts=4, experts_top_k=2, **kw,
     )  # fmt: skip
     ids = torch.randint(1, 30, (2, 6))
-    aux: list[RouterStats] = []
-    logits = model(ids, ids, aux=aux) if preset == "paper-base" else model(ids, aux=aux)
+    record = Record()
+    logits = model(ids, ids, record=record) if preset == "paper-base" else model(ids, record=record)
+    aux = record.router
     layers = 4 if preset == "paper-base" else 2
     assert len(aux) == layers and all(s.load.sum() == 2 * 6 * 2 for s in aux)
     loss = logits.float().logsumexp(-1).mean() + 0.01 * sum(s.aux_loss for s in aux)

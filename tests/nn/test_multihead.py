@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn.nn.cache import KVCache
+from aiayn.nn.cache import Cache
+from aiayn.nn.context import Context, Record
 from aiayn.nn.masks import causal_mask
 from aiayn.nn.multihead import MultiHeadAttention
 
@@ -24,11 +25,12 @@ def test_self_attention_equals_torch(backend: str) -> None:
         x, x, x, key_padding_mask=~keep, attn_mask=~causal_mask(6), average_attn_weights=False
     )
     mask = keep[:, None, None, :] & causal_mask(6)
-    got, _ = ours(x, mask=mask)
+    got = ours(x, Context(mask=mask))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    got2, w = ours(x, mask=keep[:, None, None, :], is_causal=True, return_weights=True)
+    record = Record(weights=True)
+    got2 = ours(x, Context(mask=keep[:, None, None, :], causal=True, record=record))
     torch.testing.assert_close(got2, expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(record.attention[0].weights, ref_w, atol=1e-6, rtol=1e-5)
 
 
 def test_cross_attention_equals_torch() -> None:
@@ -40,10 +42,10 @@ def test_cross_attention_equals_torch() -> None:
     keep = torch.rand(3, 7) > 0.3
     keep[:, 0] = True
     expected, _ = ref(x, memory, memory, key_padding_mask=~keep)
-    got, _ = ours(x, memory, mask=keep[:, None, None, :])
+    got = ours(x, Context(memory=memory, memory_mask=keep[:, None, None, :]))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="memory"):
-        ours(x)
+        ours(x, Context())
 
 
 @pytest.mark.parametrize("n_kv", [1, 2])
@@ -63,7 +65,8 @@ def test_grouped_query_equals_mha_with_shared_kv_heads(n_kv: int) -> None:
         mha.qkv.bias.copy_(torch.cat([bq, rep(bk), rep(bv)]))
         mha.out.load_state_dict(gqa.out.state_dict())
     x = torch.randn(2, 5, c)
-    torch.testing.assert_close(gqa(x, is_causal=True)[0], mha(x, is_causal=True)[0])
+    causal = Context(causal=True)
+    torch.testing.assert_close(gqa(x, causal), mha(x, causal))
     assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
 
 
@@ -73,21 +76,23 @@ def test_gqa_with_all_kv_heads_is_mha() -> None:
     ours = MultiHeadAttention(16, 4, n_kv_heads=4).eval()
     ours.load_from_torch(ref)
     x = torch.randn(1, 3, 16)
-    torch.testing.assert_close(ours(x)[0], ref(x, x, x)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours(x, Context()), ref(x, x, x)[0], atol=1e-5, rtol=1e-5)
 
 
 def test_cache_appends_and_matches_full() -> None:
     torch.manual_seed(0)
     attn = MultiHeadAttention(16, 4, 2).eval()
     x = torch.randn(2, 6, 16)
-    full, _ = attn(x, is_causal=True)
-    cache = KVCache(2, 2, 8, 4)
-    first, _ = attn(x[:, :4], is_causal=True, cache=cache)
-    steps = [attn(x[:, i : i + 1], is_causal=True, cache=cache)[0] for i in (4, 5)]
+    full = attn(x, Context(causal=True))
+    cache = Cache.empty(1, 2, 2, 8, 4)
+    ctx = Context(causal=True, cache=cache)
+    first = attn(x[:, :4], ctx)
+    steps = [attn(x[:, i : i + 1], ctx) for i in (4, 5)]
     torch.testing.assert_close(torch.cat([first, *steps], 1), full, atol=1e-6, rtol=1e-5)
-    assert cache.length == 6 and cache.k.shape == (2, 2, 8, 4)
+    kv = cache.layers[0].self_kv
+    assert kv.length == 6 and kv.k.shape == (2, 2, 8, 4)
     with pytest.raises(ValueError, match="capacity of 8"):
-        attn(torch.randn(2, 3, 16), is_causal=True, cache=cache)
+        attn(torch.randn(2, 3, 16), ctx)
 
 
 def test_bad_construction_and_input() -> None:
@@ -96,4 +101,6 @@ def test_bad_construction_and_input() -> None:
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         MultiHeadAttention(32, 4, 3)
     with pytest.raises(ValueError, match=r"\(B, T, d_model\)"):
-        MultiHeadAttention(32, 4)(torch.randn(5, 32))
+        MultiHeadAttention(32, 4)(torch.randn(5, 32), Context())
+    with pytest.raises(ValueError, match="attention_backend='cuda'"):
+        MultiHeadAttention(32, 4, backend="cuda")

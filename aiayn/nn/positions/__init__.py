@@ -1,0 +1,30 @@
+"""Position schemes (§3.5 and after): each in its own module, chosen by name through
+aiayn/registry.py; see :mod:`aiayn.nn.positions.base` for the interface."""
+
+from aiayn import registry
+from aiayn.config import ModelConfig
+from aiayn.nn.positions.base import NO_POSITIONS, PositionScheme, PositionState, check_positions
+from aiayn.nn.positions.learned import LearnedPositions
+from aiayn.nn.positions.rope import RotaryEmbedding, apply_rotary, rotate_half
+from aiayn.nn.positions.sinusoidal import SinusoidalPositions, sinusoidal_table
+
+
+def build_positions(config: ModelConfig) -> PositionScheme:
+    """The scheme ``config.positional`` names."""
+    scheme: PositionScheme = registry.resolve("positional", config.positional)(config)
+    return scheme
+
+
+__all__ = [
+    "NO_POSITIONS",
+    "LearnedPositions",
+    "PositionScheme",
+    "PositionState",
+    "RotaryEmbedding",
+    "SinusoidalPositions",
+    "apply_rotary",
+    "build_positions",
+    "check_positions",
+    "rotate_half",
+    "sinusoidal_table",
+]

@@ -1,0 +1,73 @@
+"""How a model knows where its tokens are (§3.5), as one small interface.
+
+Attention alone is permutation-equivariant: shuffle the tokens and the outputs shuffle with
+them.  A position scheme breaks that symmetry at one of three places, and implements only the
+hooks it needs:
+
+* :meth:`PositionScheme.embed` -- a vector added to each token's embedding (the paper's
+  sinusoids, a learned table);
+* :meth:`PositionState.on_qk` -- a transformation of queries and keys inside self-attention
+  (rotary positions);
+* :meth:`PositionState.score_bias` -- an additive bias on the attention scores (ALiBi).
+
+The model asks its scheme once per forward pass for a :class:`PositionState`, given the
+positions of the new (query) tokens and of every key they attend to -- with a KV cache, the
+keys include the cached positions.  A scheme is registered by name in aiayn/registry.py.
+
+This base class is the scheme ``"none"``: no position information at all.
+
+Positions are explicit integer tensors, (T,) or (B, T) -- (B, T) when left padding makes them
+differ per row -- so that padding and cache offsets are the caller's numbers, not guesses.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+
+
+def check_positions(positions: Tensor, max_len: int) -> None:
+    """Positions must be integers in [0, max_len)."""
+    if positions.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
+    if positions.numel() and int(positions.max()) >= max_len:
+        raise ValueError(
+            f"position {int(positions.max())} is beyond max_len={max_len}: the sequence is"
+            f" longer than the model's positions support"
+        )
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+
+
+class PositionState:
+    """A scheme's contribution to self-attention in one forward pass (this one: none)."""
+
+    def on_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, H, T, D) queries and (B, H_kv, T, D) new keys -> transformed."""
+        return q, k
+
+    def score_bias(self) -> Tensor | None:
+        """An additive bias broadcastable to the (B, H, T, S) scores, or None."""
+        return None
+
+
+NO_POSITIONS = PositionState()
+
+
+class PositionScheme(nn.Module):
+    """The ``"none"`` scheme, and the interface every scheme implements."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.max_len = config.max_len
+
+    def embed(self, positions: Tensor) -> Tensor | None:
+        """(T,) or (B, T) positions -> (T, C) or (B, T, C) added to the embeddings, or None."""
+        return None
+
+    def state(self, q_positions: Tensor, k_positions: Tensor) -> PositionState:
+        """What self-attention needs for queries at ``q_positions`` (T,) or (B, T) facing keys
+        at ``k_positions`` (S,) or (B, S)."""
+        return NO_POSITIONS

@@ -1,0 +1,93 @@
+"""The package is layered: a module may import only from its own layer or the ones below.
+
+The layers, bottom to top (docs/ARCHITECTURE.md explains each):
+
+    0 config, registry      what a model is, and the names of its pluggable parts
+    1 nn, data              the mechanism; tokenizers, datasets, batching
+    2 models                the three families, built from nn
+    3 checkpoint, interop   reading and writing folders of weights (ours, Hugging Face's)
+    4 generate              greedy, sampling, beam search, translation
+    5 evaluate              BLEU/chrF, perplexity
+    6 train                 the loop, tasks, checkpoints of a run
+    7 inspect               figures, calculators, recorded scores
+    8 explore               the browser explorer
+    9 cli                   the command line (and the package's own re-exports)
+
+Every import counts, including those inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "aiayn"
+LAYERS = {
+    "config": 0,
+    "registry": 0,
+    "nn": 1,
+    "data": 1,
+    "models": 2,
+    "checkpoint": 3,
+    "interop": 3,
+    "generate": 4,
+    "evaluate": 5,
+    "train": 6,
+    "inspect": 7,
+    "explore": 8,
+    "cli": 9,
+    "__main__": 9,
+    "__init__": 9,  # aiayn/__init__.py: the public API re-exports
+}
+
+
+def unit(parts: tuple[str, ...]) -> str:
+    """aiayn.nn.attention -> "nn"; aiayn.config -> "config"; aiayn -> "__init__"."""
+    return parts[1].removesuffix(".py") if len(parts) > 1 else "__init__"
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] == "aiayn"
+        ):
+            names = node.module.split(".")
+            if len(names) == 1:  # from aiayn import registry
+                found += [(node.lineno, a.name) for a in node.names]
+            else:
+                found.append((node.lineno, names[1]))
+        elif isinstance(node, ast.Import):
+            found += [
+                (node.lineno, a.name.split(".")[1])
+                for a in node.names
+                if a.name.startswith("aiayn.")
+            ]
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    units = {unit(p.relative_to(ROOT.parent).parts) for p in ROOT.rglob("*.py")}
+    assert units <= set(LAYERS), f"give these a layer: {sorted(units - set(LAYERS))}"
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    violations = []
+    for path in sorted(ROOT.rglob("*.py")):
+        here = unit(path.relative_to(ROOT.parent).parts)
+        for line, target in imports(path):
+            if target in LAYERS and LAYERS[target] > LAYERS[here]:
+                violations.append(
+                    f"{path.relative_to(ROOT.parent)}:{line} ({here}, layer {LAYERS[here]})"
+                    f" imports {target} (layer {LAYERS[target]})"
+                )
+    assert not violations, "\n".join(violations)
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "aiayn" / "nn" / "bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("def f():\n    from aiayn.train.loop import fit\n")
+    assert imports(bad) == [(2, "train")]
