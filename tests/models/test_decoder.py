@@ -12,6 +12,8 @@ VARIANTS = {
     "gpt2": ("gpt2-small", {}),
     "llama": ("llama-style-small", {"n_kv_heads": 2}),
     "sinusoid-postln": ("gpt2-small", {"positional": "sinusoidal", "norm_position": "post"}),
+    "alibi": ("gpt2-small", {"positional": "alibi"}),
+    "alibi-gqa": ("llama-style-small", {"positional": "alibi", "n_kv_heads": 2}),
 }
 
 

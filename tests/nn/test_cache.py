@@ -56,9 +56,10 @@ def test_sliding_window_model_agrees_across_backends(backend: str) -> None:
     assert not torch.allclose(full(ids)[:, 10:], ref(ids)[:, 10:], atol=1e-3)
 
 
+@pytest.mark.parametrize("positional", ["rope", "alibi"])
 @pytest.mark.parametrize("chunks", [[7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [3, 4, 2, 6, 1, 3, 1]])
-def test_rolling_cache_equals_uncached_sliding_window(chunks: list[int]) -> None:
-    model = window_model()
+def test_rolling_cache_equals_uncached_sliding_window(chunks: list[int], positional: str) -> None:
+    model = window_model(positional=positional)
     ids = torch.randint(0, 50, (2, sum(chunks)))
     full = model(ids)
     cache = model.new_cache(2)
@@ -71,8 +72,9 @@ def test_rolling_cache_equals_uncached_sliding_window(chunks: list[int]) -> None
     assert cache.layers[0].self_kv.k.shape[2] == 5  # memory bounded by the window
 
 
-def test_rolling_cache_with_left_padding_equals_one_at_a_time() -> None:
-    model = window_model()
+@pytest.mark.parametrize("positional", ["rope", "alibi"])
+def test_rolling_cache_with_left_padding_equals_one_at_a_time(positional: str) -> None:
+    model = window_model(positional=positional)
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [1, 2], [20, 21, 22]]
     greedy = SamplingConfig(temperature=0)
     batched = generate(model, prompts, max_new_tokens=15, sampling=greedy)
