@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from aiayn.checkpoint import RunDir, load_bundle
-from aiayn.data.lm_data import TokenStream
-from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.optim import build_adamw
@@ -102,21 +99,6 @@ def test_weight_decay_only_on_matrices() -> None:
     decayed = {id(p) for p in opt.param_groups[0]["params"]}
     assert decayed == {id(model[0].weight)}
     assert opt.param_groups[1]["weight_decay"] == 0.0
-
-
-def test_char_tokenizer_and_stream(tmp_path: Path) -> None:
-    tok = CharTokenizer.from_text("hello world")
-    assert tok.vocab_size == 8 and tok.decode(tok.encode("hello")) == "hello"
-    with pytest.raises(ValueError, match="'z'"):
-        tok.encode("z")
-    tok.save(tmp_path / "t.json")
-    assert load_tokenizer(tmp_path / "t.json").encode("low") == tok.encode("low")
-    stream = TokenStream(torch.arange(100), train_fraction=0.9)
-    x, y = stream.batch("train", 3, 8)
-    assert x.shape == (3, 8) and torch.equal(y, x + 1) and int(x.max()) < 90
-    vx, _ = stream.batch("val", 2, 4)
-    assert int(vx.min()) >= 90
-    assert math.isclose(len(stream.splits["val"]), 10)
 
 
 def test_trains_a_mixture_of_experts(setup: tuple[Path, Path]) -> None:

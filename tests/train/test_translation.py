@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import http.server
-import threading
 from pathlib import Path
 
 import pytest
@@ -12,8 +10,6 @@ import torch
 
 import aiayn
 from aiayn.cli import main
-from aiayn.data.batching import padding_fraction, token_batches
-from aiayn.data.parallel import download, read_parallel, sha256
 from aiayn.train.average import average_checkpoints
 from aiayn.train.config import load_run_config
 from aiayn.train.translate import train_translation
@@ -118,58 +114,6 @@ def test_train_resume_average_translate(
     src.write_text("hund " * 200 + "\n")
     assert main(["translate", "--checkpoint", ckpt, "--input", str(src)]) == 2
     assert "line 1 has" in capsys.readouterr().err
-
-
-def test_parallel_file_errors(tmp_path: Path) -> None:
-    (tmp_path / "a").write_text("x\ny\n")
-    (tmp_path / "b").write_text("x\n")
-    with pytest.raises(ValueError, match="differ in length.*2 lines.*1"):
-        read_parallel(tmp_path / "a", tmp_path / "b")
-    (tmp_path / "c").write_text("")
-    with pytest.raises(ValueError, match="empty"):
-        read_parallel(tmp_path / "c", tmp_path / "c")
-    (tmp_path / "d").write_bytes(b"ok\n\xff\xfe\n")
-    with pytest.raises(ValueError, match="line 2: not valid UTF-8"):
-        read_parallel(tmp_path / "d", tmp_path / "a")
-    (tmp_path / "e").write_text("x\n\n")
-    with pytest.raises(ValueError, match="line 2 is empty"):
-        read_parallel(tmp_path / "e", tmp_path / "a")
-
-
-def test_token_batches_respect_the_budget() -> None:
-    g = torch.Generator().manual_seed(0)
-    lengths = [(int(a), int(b)) for a, b in torch.randint(1, 40, (500, 2), generator=g)]
-    batches = token_batches(lengths, 256, seed=3, epoch=1)
-    assert sorted(i for b in batches for i in b) == list(range(500))
-    for b in batches:
-        assert len(b) * max(max(lengths[i]) for i in b) <= 256
-    assert batches == token_batches(lengths, 256, seed=3, epoch=1)
-    assert batches != token_batches(lengths, 256, seed=3, epoch=2)
-    assert padding_fraction(lengths, batches) < padding_fraction(
-        lengths, [list(range(i, i + 8)) for i in range(0, 496, 8)]
-    )
-    with pytest.raises(ValueError, match="example 0 has 300"):
-        token_batches([(300, 2)], 256)
-
-
-def test_download_verifies_the_checksum(tmp_path: Path) -> None:
-    served = tmp_path / "served"
-    served.mkdir()
-    (served / "file.gz").write_bytes(b"hello multi30k")
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(served), **k)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/file.gz"
-        good = sha256(served / "file.gz")
-        assert download(url, tmp_path / "cache" / "file.gz", good).read_bytes() == b"hello multi30k"
-        with pytest.raises(ValueError, match="checksum mismatch"):
-            download(url, tmp_path / "cache" / "bad.gz", "0" * 64)
-        assert not (tmp_path / "cache" / "bad.gz").exists()
-        assert [p.name for p in (tmp_path / "cache").iterdir()] == ["file.gz"]  # no temp left
-    finally:
-        server.shutdown()
 
 
 def test_two_torchrun_processes_match_one_process(

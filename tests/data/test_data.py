@@ -1,0 +1,84 @@
+"""Data: parallel files with clear errors, token-count batches within budget, a checksummed
+download, tokenizers and token streams."""
+
+from __future__ import annotations
+
+import http.server
+import math
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.data.batching import padding_fraction, token_batches
+from aiayn.data.lm_data import TokenStream
+from aiayn.data.parallel import download, read_parallel, sha256
+from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
+
+
+def test_parallel_file_errors(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("x\ny\n")
+    (tmp_path / "b").write_text("x\n")
+    with pytest.raises(ValueError, match="differ in length.*2 lines.*1"):
+        read_parallel(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "c").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        read_parallel(tmp_path / "c", tmp_path / "c")
+    (tmp_path / "d").write_bytes(b"ok\n\xff\xfe\n")
+    with pytest.raises(ValueError, match="line 2: not valid UTF-8"):
+        read_parallel(tmp_path / "d", tmp_path / "a")
+    (tmp_path / "e").write_text("x\n\n")
+    with pytest.raises(ValueError, match="line 2 is empty"):
+        read_parallel(tmp_path / "e", tmp_path / "a")
+
+
+def test_token_batches_respect_the_budget() -> None:
+    g = torch.Generator().manual_seed(0)
+    lengths = [(int(a), int(b)) for a, b in torch.randint(1, 40, (500, 2), generator=g)]
+    batches = token_batches(lengths, 256, seed=3, epoch=1)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for b in batches:
+        assert len(b) * max(max(lengths[i]) for i in b) <= 256
+    assert batches == token_batches(lengths, 256, seed=3, epoch=1)
+    assert batches != token_batches(lengths, 256, seed=3, epoch=2)
+    assert padding_fraction(lengths, batches) < padding_fraction(
+        lengths, [list(range(i, i + 8)) for i in range(0, 496, 8)]
+    )
+    with pytest.raises(ValueError, match="example 0 has 300"):
+        token_batches([(300, 2)], 256)
+
+
+def test_download_verifies_the_checksum(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "file.gz").write_bytes(b"hello multi30k")
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(served), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/file.gz"
+        good = sha256(served / "file.gz")
+        assert download(url, tmp_path / "cache" / "file.gz", good).read_bytes() == b"hello multi30k"
+        with pytest.raises(ValueError, match="checksum mismatch"):
+            download(url, tmp_path / "cache" / "bad.gz", "0" * 64)
+        assert not (tmp_path / "cache" / "bad.gz").exists()
+        assert [p.name for p in (tmp_path / "cache").iterdir()] == ["file.gz"]  # no temp left
+    finally:
+        server.shutdown()
+
+
+def test_char_tokenizer_and_stream(tmp_path: Path) -> None:
+    tok = CharTokenizer.from_text("hello world")
+    assert tok.vocab_size == 8 and tok.decode(tok.encode("hello")) == "hello"
+    with pytest.raises(ValueError, match="'z'"):
+        tok.encode("z")
+    tok.save(tmp_path / "t.json")
+    assert load_tokenizer(tmp_path / "t.json").encode("low") == tok.encode("low")
+    stream = TokenStream(torch.arange(100), train_fraction=0.9)
+    x, y = stream.batch("train", 3, 8)
+    assert x.shape == (3, 8) and torch.equal(y, x + 1) and int(x.max()) < 90
+    vx, _ = stream.batch("val", 2, 4)
+    assert int(vx.min()) >= 90
+    assert math.isclose(len(stream.splits["val"]), 10)
