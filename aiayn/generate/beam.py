@@ -9,15 +9,20 @@ penalty is GNMT's (Wu et al., 2016): a finished hypothesis Y is ranked by
 Both decoders run the encoder once, then feed one target token per step through the
 decoder's KV cache (cross-attention keys/values are computed on the first step and reused).
 Beam search keeps B·K rows in the cache and reorders them by the surviving beams' parents at
-every step.  Each sentence's own source length bounds its output, so a sentence decodes to the
+every step.  All bookkeeping is on tensors -- candidate selection, finished hypotheses, the
+length penalty, the per-sentence length limits -- so a step costs a few tensor operations
+whatever the batch, with no Python loop over sentences or candidates (tests/generate/
+test_beam.py checks it against a plain Python implementation of the same rules).  Each sentence's own source length bounds its output, so a sentence decodes to the
 same result whatever it is batched with (tests/generate/test_beam.py).
 
 Tokens listed in ``never`` (padding, BOS, unknown: what translation passes) are masked out of
 every step's distribution, so they can never appear in an output.
 
-Hypotheses end at EOS; ``early_stopping`` ends a sentence as soon as it has K finished
-hypotheses (the usual setting in fairseq and Hugging Face); a hypothesis still open at the
-length limit is finished there without EOS.
+Hypotheses end at EOS (an EOS among the K best candidates of a step finishes one);
+``early_stopping`` ends a sentence as soon as it has K finished hypotheses (the usual setting
+in fairseq and Hugging Face); a hypothesis still open at the length limit is finished there
+without EOS.  The answer is the finished hypothesis with the best length-normalised score
+(the first one found, on a tie).
 
 Shapes: B sentences, K beam size, S source length, V vocabulary.
 """
@@ -65,10 +70,15 @@ def _mask(logits: Tensor, never: Sequence[int]) -> Tensor:
     return logits
 
 
-def _limits(model: EncoderDecoder, src: Tensor, keep: Tensor | None, max_extra: int) -> list[int]:
-    lengths = keep.sum(-1).tolist() if keep is not None else [src.shape[1]] * src.shape[0]
-    cap = model.config.max_len - 1  # room for BOS
-    return [min(int(n) + max_extra, cap) for n in lengths]
+def _limits(model: EncoderDecoder, src: Tensor, keep: Tensor | None, max_extra: int) -> Tensor:
+    """(B,) output length limit of each sentence: its source length + ``max_extra``, within
+    the model's positions (one is taken by BOS)."""
+    lengths = keep.sum(-1) if keep is not None else torch.full((src.shape[0],), src.shape[1])
+    return (lengths.to(src.device) + max_extra).clamp(max=model.config.max_len - 1)
+
+
+def _as_lists(tokens: Tensor, lengths: Tensor) -> list[list[int]]:
+    return [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist(), strict=True)]
 
 
 @torch.no_grad()
@@ -84,26 +94,25 @@ def greedy_decode(
     """Most likely next token at every step; output ids exclude BOS and EOS."""
     model.eval()
     memory, keep = model.encode(src)
-    b = src.shape[0]
-    limits = _limits(model, src, keep, max_extra)
-    cache = model.new_cache(b, max(limits) + 1)
-    token = torch.full((b, 1), bos, dtype=torch.long, device=src.device)
-    out: list[list[int]] = [[] for _ in range(b)]
-    done = [False] * b
-    for step in range(max(limits)):
+    b, device = src.shape[0], src.device
+    limits = _limits(model, src, keep, max_extra)  # (B,)
+    steps = int(limits.max())
+    cache = model.new_cache(b, steps + 1)
+    token = torch.full((b, 1), bos, dtype=torch.long, device=device)
+    out = torch.zeros(b, steps, dtype=torch.long, device=device)
+    length = torch.zeros(b, dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    for step in range(steps):
         logits = model.decode(token, memory if step == 0 else None, keep, cache=cache)[:, -1]
         token = _mask(logits, never).argmax(-1, keepdim=True)  # (B, 1)
-        for i, t in enumerate(token[:, 0].tolist()):
-            if done[i]:
-                continue
-            if t == eos:
-                done[i] = True
-            else:
-                out[i].append(t)
-                done[i] = len(out[i]) >= limits[i]
-        if all(done):
+        ends = token[:, 0] == eos
+        grows = ~done & ~ends
+        out[:, step] = token[:, 0]
+        length += grows.long()
+        done |= ends | (length >= limits)
+        if bool(done.all()):
             break
-    return out
+    return _as_lists(out, length)
 
 
 @torch.no_grad()
@@ -121,68 +130,78 @@ def beam_search(
     k = config.beam_size
     memory, keep = model.encode(src)  # (B, S, C), (B, S)
     b, device = src.shape[0], src.device
-    limits = _limits(model, src, keep, config.max_extra)
+    limits = _limits(model, src, keep, config.max_extra)  # (B,)
+    steps = int(limits.max())
     memory = memory.repeat_interleave(k, 0)  # (B·K, S, C)
     keep = None if keep is None else keep.repeat_interleave(k, 0)
-    cache = model.new_cache(b * k, max(limits) + 1)
+    cache = model.new_cache(b * k, steps + 1)
     tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (B·K, 1)
-    history = torch.zeros(b * k, 0, dtype=torch.long, device=device)  # (B·K, t)
-    scores = torch.full((b, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
-    done = [False] * b
-    offsets = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
-    for step in range(max(limits)):
+    history = torch.zeros(b, k, steps, dtype=torch.long, device=device)  # (B, K, steps)
+    neg = float("-inf")
+    fresh = torch.full((b, k), neg, device=device)
+    fresh[:, 0] = 0.0  # all beams start identical: expand only the first
+    scores = fresh.clone()  # (B, K) cumulative log-probabilities
+    best = torch.full((b,), neg, device=device)  # best finished normalised score
+    best_tokens = torch.zeros(b, steps, dtype=torch.long, device=device)
+    best_len = torch.zeros(b, dtype=torch.long, device=device)
+    n_finished = torch.zeros(b, dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    rank = torch.arange(2 * k, device=device)  # (2K,)
+    rows = torch.arange(b, device=device)
+
+    def offer(candidate: Tensor, cand_tokens: Tensor, cand_len: Tensor) -> None:
+        """Each sentence's ``candidate`` (B,) normalised score, if strictly better, becomes its
+        best (so the first of equal scores stays)."""
+        better = candidate > best
+        best.copy_(torch.where(better, candidate, best))
+        best_tokens.copy_(torch.where(better[:, None], cand_tokens, best_tokens))
+        best_len.copy_(torch.where(better, cand_len, best_len))
+
+    for step in range(steps):
+        length = step + 1
         logits = model.decode(tokens, memory if step == 0 else None, keep, cache=cache)[:, -1]
         logprobs = _mask(logits.float(), never).log_softmax(-1)  # (B·K, V)
         v = logprobs.shape[-1]
         cand = (scores[:, :, None] + logprobs.view(b, k, v)).view(b, k * v)  # (B, K·V)
-        top_scores, top_idx = cand.topk(2 * k, dim=-1)  # (B, 2K): room for K that go on
+        top, top_idx = cand.topk(2 * k, dim=-1)  # (B, 2K): room for K that go on
         parent, token = top_idx // v, top_idx % v
-        length = step + 1
         lp = length_penalty(length, config.length_penalty)
-        next_scores = torch.full((b, k), float("-inf"), device=device)
-        next_parent = torch.zeros(b, k, dtype=torch.long, device=device)
-        next_token = torch.full((b, k), eos, dtype=torch.long, device=device)
-        ts, ps, tk = top_scores.tolist(), parent.tolist(), token.tolist()
-        for i in range(b):
-            if done[i]:
-                continue
-            kept = 0
-            for rank in range(2 * k):
-                s, pa, t = ts[i][rank], ps[i][rank], tk[i][rank]
-                if s == float("-inf"):
-                    break
-                if t == eos:
-                    if rank < k:  # an EOS among the best K candidates finishes a hypothesis
-                        finished[i].append((s / lp, history[i * k + pa].tolist()))
-                    continue
-                if kept < k:
-                    next_scores[i, kept], next_parent[i, kept], next_token[i, kept] = s, pa, t
-                    kept += 1
-            if length >= limits[i]:  # the length limit: open beams finish as they are
-                for j in range(kept):
-                    finished[i].append(
-                        (
-                            float(next_scores[i, j]) / lp,
-                            [
-                                *history[i * k + int(next_parent[i, j])].tolist(),
-                                int(next_token[i, j]),
-                            ],
-                        )
-                    )
-                done[i] = True
-            elif config.early_stopping and len(finished[i]) >= k:
-                done[i] = True
-        if all(done):
+        live = (top > neg) & ~done[:, None]  # (B, 2K) real candidates of running sentences
+        is_eos = token == eos
+        # An EOS among the best K candidates finishes a hypothesis (the prefix, without EOS).
+        finishes = live & is_eos & (rank < k)
+        n_finished += finishes.sum(-1)
+        eos_score = torch.where(finishes, top / lp, neg)
+        first = eos_score.argmax(-1)  # (B,) the first best of this step's finished
+        offer(
+            eos_score[rows, first],
+            history[rows, parent[rows, first]],
+            torch.full((b,), step, device=device),
+        )
+        # The K best candidates that are not EOS go on, in rank order.
+        order = torch.where(is_eos, rank + 2 * k, rank).argsort(-1)[:, :k]  # (B, K)
+        next_scores = top.gather(1, order)
+        next_parent, next_token = parent.gather(1, order), token.gather(1, order)
+        go_on = live.gather(1, order) & ~is_eos.gather(1, order)  # (B, K)
+        next_scores = torch.where(go_on, next_scores, neg)
+        next_token = torch.where(go_on, next_token, eos)
+        history = history[rows[:, None], next_parent]  # (B, K, steps): the parents' prefixes
+        history[:, :, step] = next_token
+        # The length limit: open hypotheses finish as they are.
+        at_limit = ~done & (limits == length)
+        limit_score = torch.where(go_on & at_limit[:, None], next_scores / lp, neg)
+        first = limit_score.argmax(-1)
+        offer(
+            limit_score[rows, first], history[rows, first], torch.full((b,), length, device=device)
+        )
+        done |= at_limit
+        if config.early_stopping:
+            done |= n_finished >= k
+        if bool(done.all()):
             break
-        flat = (offsets + next_parent).view(-1)  # (B·K,) rows of the surviving parents
+        flat = (rows[:, None] * k + next_parent).view(-1)  # (B·K,) rows of the surviving parents
         cache.reorder(flat)
-        history = torch.cat([history.index_select(0, flat), next_token.view(-1, 1)], 1)
         tokens = next_token.view(-1, 1)
-        scores = next_scores
-        for i in range(b):  # finished sentences stop competing (their rows idle along)
-            if done[i]:
-                scores[i] = float("-inf")
-                scores[i, 0] = 0.0
-    return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]
+        # Finished sentences stop competing (their rows idle along).
+        scores = torch.where(done[:, None], fresh, next_scores)
+    return _as_lists(best_tokens, best_len)

@@ -108,6 +108,107 @@ def test_wide_beam_finds_the_exhaustive_optimum() -> None:
     )
 
 
+@torch.no_grad()
+def python_beam_search(
+    model: EncoderDecoder,
+    src: torch.Tensor,
+    *,
+    bos: int,
+    eos: int,
+    config: BeamConfig,
+) -> list[list[int]]:
+    """The rules of beam search written as a plain Python loop per sentence and candidate (the
+    implementation before it moved onto tensors): the reference the fast one must equal."""
+    model.eval()
+    k = config.beam_size
+    memory, keep = model.encode(src)  # (B, S, C), (B, S)
+    b, device = src.shape[0], src.device
+    limits = [
+        min(int(n) + config.max_extra, model.config.max_len - 1)
+        for n in (keep.sum(-1).tolist() if keep is not None else [src.shape[1]] * src.shape[0])
+    ]
+    memory = memory.repeat_interleave(k, 0)  # (B·K, S, C)
+    keep = None if keep is None else keep.repeat_interleave(k, 0)
+    cache = model.new_cache(b * k, max(limits) + 1)
+    tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (B·K, 1)
+    history = torch.zeros(b * k, 0, dtype=torch.long, device=device)  # (B·K, t)
+    scores = torch.full((b, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    done = [False] * b
+    offsets = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
+    for step in range(max(limits)):
+        logits = model.decode(tokens, memory if step == 0 else None, keep, cache=cache)[:, -1]
+        logprobs = logits.float().log_softmax(-1)  # (B·K, V)
+        v = logprobs.shape[-1]
+        cand = (scores[:, :, None] + logprobs.view(b, k, v)).view(b, k * v)  # (B, K·V)
+        top_scores, top_idx = cand.topk(2 * k, dim=-1)  # (B, 2K): room for K that go on
+        parent, token = top_idx // v, top_idx % v
+        length = step + 1
+        lp = length_penalty(length, config.length_penalty)
+        next_scores = torch.full((b, k), float("-inf"), device=device)
+        next_parent = torch.zeros(b, k, dtype=torch.long, device=device)
+        next_token = torch.full((b, k), eos, dtype=torch.long, device=device)
+        ts, ps, tk = top_scores.tolist(), parent.tolist(), token.tolist()
+        for i in range(b):
+            if done[i]:
+                continue
+            kept = 0
+            for rank in range(2 * k):
+                s, pa, t = ts[i][rank], ps[i][rank], tk[i][rank]
+                if s == float("-inf"):
+                    break
+                if t == eos:
+                    if rank < k:  # an EOS among the best K candidates finishes a hypothesis
+                        finished[i].append((s / lp, history[i * k + pa].tolist()))
+                    continue
+                if kept < k:
+                    next_scores[i, kept], next_parent[i, kept], next_token[i, kept] = s, pa, t
+                    kept += 1
+            if length >= limits[i]:  # the length limit: open beams finish as they are
+                for j in range(kept):
+                    finished[i].append(
+                        (
+                            float(next_scores[i, j]) / lp,
+                            [
+                                *history[i * k + int(next_parent[i, j])].tolist(),
+                                int(next_token[i, j]),
+                            ],
+                        )
+                    )
+                done[i] = True
+            elif config.early_stopping and len(finished[i]) >= k:
+                done[i] = True
+        if all(done):
+            break
+        flat = (offsets + next_parent).view(-1)  # (B·K,) rows of the surviving parents
+        cache.reorder(flat)
+        history = torch.cat([history.index_select(0, flat), next_token.view(-1, 1)], 1)
+        tokens = next_token.view(-1, 1)
+        scores = next_scores
+        for i in range(b):  # finished sentences stop competing (their rows idle along)
+            if done[i]:
+                scores[i] = float("-inf")
+                scores[i, 0] = 0.0
+    return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tensor_beam_search_equals_the_python_loop(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    beam = [1, 2, 3, 5][seed % 4]
+    alpha = [0.0, 0.6, 1.5][seed % 3]
+    cfg = BeamConfig(beam_size=beam, length_penalty=alpha, max_extra=1 + seed % 4,
+                     early_stopping=seed % 2 == 0)  # fmt: skip
+    model = small(vocab_size=[8, 24][seed % 2], init_std=0.5)
+    src = torch.randint(3, model.config.vocab_size, (5, 7), generator=g)
+    src[1, 4:] = 0
+    src[3, 2:] = 0
+    assert beam_search(model, src, bos=BOS, eos=EOS, config=cfg) == python_beam_search(
+        model, src, bos=BOS, eos=EOS, config=cfg
+    )
+
+
 def test_output_length_limit_and_penalty() -> None:
     assert length_penalty(1, 0.6) == pytest.approx(1.0)
     assert length_penalty(10, 0.0) == 1.0
