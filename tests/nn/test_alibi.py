@@ -86,3 +86,14 @@ def test_alibi_in_an_encoder_decoder_and_encoder() -> None:
     perm = torch.randperm(8)
     # Without positions an encoder is permutation-equivariant; with ALiBi it is not.
     assert not torch.allclose(bert(ids[:, perm]), bert(ids)[:, perm], atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flash"])
+def test_every_backend_applies_the_bias(backend: str) -> None:
+    torch.manual_seed(0)
+    kw = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=40, dropout=0.0, max_len=64)
+    ref = aiayn.build_model("gpt2-small", positional="alibi", attention_backend="reference", **kw)
+    torch.manual_seed(0)
+    other = aiayn.build_model("gpt2-small", positional="alibi", attention_backend=backend, **kw)
+    ids = torch.randint(0, 40, (2, 30))
+    torch.testing.assert_close(other.eval()(ids), ref.eval()(ids), atol=1e-5, rtol=1e-5)
