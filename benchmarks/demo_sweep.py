@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import load_bundle
+from aiayn.checkpoint import RunDir, load_bundle
 from aiayn.data.batching import token_batches
 from aiayn.data.files import data_dir
 from aiayn.inspect.machine import matmul_gflops
@@ -40,20 +40,32 @@ def _paper(peak: float, warmup: int, d_model: int = 256) -> list[str]:
     return [f"train.warmup_steps={warmup}", f"train.lr={peak * (d_model * warmup) ** 0.5:.4f}"]
 
 
+def _curve(steps: int, every: int) -> list[str]:
+    """Run ``steps`` steps, keeping a snapshot every ``every`` steps from the second on."""
+    n = steps // every - 1
+    return [f"train.max_steps={steps}", f"train.keep_snapshots={n}", f"train.snapshot_fraction={n * every / steps}", f"train.eval_interval={every}"]  # fmt: skip
+
+
+SMALL = ["model.d_ff=512", "data.bpe_vocab_size=4000"]
+
 TRIALS: dict[str, list[str]] = {
-    "w800-f1": ["train.warmup_steps=800", "train.lr=1.0"],  # the old demo's schedule
-    "w100-f1": ["train.warmup_steps=100", "train.lr=1.0"],  # peak 6.3e-3
+    # stage 1: the schedule, at 240 steps of 4,096 tokens (the old demo's recipe first)
+    "w800-f1": ["train.warmup_steps=800", "train.lr=1.0"],
+    "w100-f1": ["train.warmup_steps=100", "train.lr=1.0"],  # peak 6.3e-3: diverged
     "peak1.5e-3": _paper(1.5e-3, 80),
     "peak2.5e-3": _paper(2.5e-3, 80),
     "peak4e-3": _paper(4e-3, 80),
+    # stage 2: the shape of the work, each scored along the way (snapshots)
+    "base-curve": _paper(2.5e-3, 80) + _curve(480, 80),
+    "small-4k": _paper(2.5e-3, 80) + SMALL + _curve(480, 80),
+    "small-2k": _paper(2e-3, 160) + SMALL + ["train.max_tokens=2048"] + _curve(960, 160),
 }
 
 
-def training_flops(checkpoint: Path, root: Path, overrides: list[str]) -> dict[str, float]:
-    """FLOPs of the run's training: per padded token 6 x (matrix parameters it meets), plus
-    attention scores, summed over the batches it trained on."""
+def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[float]:
+    """Cumulative training FLOPs after each step: per padded token 6 x (matrix parameters it
+    meets) plus the attention scores, over the batches the run trained on, in order."""
     from aiayn.cli import _overrides
-    from aiayn.inspect.calc import parameter_breakdown
 
     run = load_run_config(CONFIG, _overrides(overrides))
     bundle = load_bundle(checkpoint)
@@ -63,49 +75,68 @@ def training_flops(checkpoint: Path, root: Path, overrides: list[str]) -> dict[s
     d = c.d_model
     attn, ffn = 4 * d * d, 2 * d * c.d_ff
     enc_layer, dec_layer, head = attn + ffn, 2 * attn + ffn, d * c.vocab_size
-    src_tokens = tgt_tokens = score = 0.0
-    steps, epoch = run.train.max_steps, 0
-    seen = 0
-    while seen < steps:
+    out: list[float] = []
+    total, epoch = 0.0, 0
+    while len(out) < run.train.max_steps:
         for b in token_batches(
             lengths, run.train.max_tokens or 4096, seed=run.train.seed, epoch=epoch
         ):
-            if seen == steps:
+            if len(out) == run.train.max_steps:
                 break
             n, s, t = len(b), max(lengths[i][0] for i in b), max(lengths[i][1] for i in b)
-            src_tokens, tgt_tokens = src_tokens + n * s, tgt_tokens + n * t
-            # QK^T and AV: encoder S^2, decoder T^2 (full, as SDPA computes it) and T*S cross
-            score += n * 2 * 2 * d * (c.n_layers * s * s + c.decoder_layers * (t * t + t * s))
-            seen += 1
+            matrices = (
+                2 * n * (c.n_layers * enc_layer * s + (c.decoder_layers * dec_layer + head) * t)
+            )
+            # QK^T and AV: encoder S^2, decoder T^2 (full, as SDPA computes it), cross T*S
+            scores = n * 2 * 2 * d * (c.n_layers * s * s + c.decoder_layers * (t * t + t * s))
+            total += 3 * (matrices + scores)  # forward + backward (2x)
+            out.append(total)
         epoch += 1
-    flops = 3 * (
-        2
-        * (c.n_layers * enc_layer * src_tokens + (c.decoder_layers * dec_layer + head) * tgt_tokens)
-        + score
-    )
-    del parameter_breakdown
-    return {"flops": flops, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+    return out
+
+
+def bleu(checkpoint: Path, root: Path, *extra: str) -> float:
+    ev = [sys.executable, "-m", "aiayn", "evaluate", "--checkpoint", str(checkpoint), "--data", str(root), "--split", "val", "--limit", "500", *extra]  # fmt: skip
+    scored = subprocess.run(ev, capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"BLEU ([\d.]+)", scored).group(1))  # type: ignore[union-attr]
 
 
 def run_trial(name: str, overrides: list[str], out: Path, root: Path) -> dict[str, Any]:
+    """Train the trial; score its snapshots greedily (the curve) and its last step with beam 4."""
     folder = out / name
     cmd = [sys.executable, "-m", "aiayn", "train", str(CONFIG), "--out", str(folder), "--data", str(root), "--overwrite", "--set", *overrides]  # fmt: skip
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     train_s = time.perf_counter() - t0
     last = done.stdout.strip().splitlines()[-1]
-    val_loss = float(re.search(r"validation loss ([\d.]+)", last).group(1))  # type: ignore[union-attr]
     peak = float(re.search(r"peak memory ([\d,]+) MiB", last).group(1).replace(",", ""))  # type: ignore[union-attr]
-    ev = [sys.executable, "-m", "aiayn", "evaluate", "--checkpoint", str(folder / "checkpoint"), "--data", str(root), "--split", "val", "--limit", "500"]  # fmt: skip
-    scored = subprocess.run(ev, capture_output=True, text=True, check=True).stdout
-    bleu = float(re.search(r"BLEU ([\d.]+)", scored).group(1))  # type: ignore[union-attr]
+    flops = flops_by_step(folder / "checkpoint", root, overrides)
+    val = {
+        int(row[0]): float(row[3])
+        for row in (line.split(",") for line in (folder / "log.csv").read_text().splitlines()[1:])
+        if row[3]
+    }
+    curve = []
+    for snap in RunDir(folder).snapshot_dirs():
+        step = int(snap.name.split("_")[1])
+        curve.append(
+            {
+                "step": step,
+                "flops": flops[step - 1],
+                "val_loss": val.get(step),
+                "bleu_greedy": bleu(snap, root, "--greedy"),
+            }
+        )
+    final = max(val)
     return {
         "overrides": overrides,
-        "val_loss": val_loss,
-        "val_bleu": bleu,
+        "steps": final,
+        "flops": flops[-1],
+        "val_loss": val[final],
+        "val_bleu_beam": bleu(folder / "checkpoint", root),
+        "curve": curve,
         "train_s": train_s,
         "peak_rss_mib": peak,
-        **training_flops(folder / "checkpoint", root, overrides),
     }
 
 
@@ -131,9 +162,10 @@ def main() -> int:
         results[name] = r
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=2))
+        curve = "  ".join(f"{p['flops'] / 1e12:.0f}:{p['bleu_greedy']:.1f}" for p in r["curve"])
         print(
-            f"{name:<14}{r['flops'] / 1e15:>7.2f}{r['val_loss']:>10.3f}{r['val_bleu']:>10.2f}"
-            f"{r['train_s']:>9.0f}{r['peak_rss_mib']:>7.0f}{rate:>9.0f}",
+            f"{name:<16}{r['flops'] / 1e12:>7.1f}{r['val_loss']:>10.3f}{r['val_bleu_beam']:>10.2f}"
+            f"{r['train_s']:>9.0f}{r['peak_rss_mib']:>7.0f}{rate:>9.0f}  {curve}",
             flush=True,
         )
     return 0
