@@ -25,8 +25,6 @@ from aiayn.train.loop import FitResult, train_run
 class LMTask:
     """Random contiguous windows of one token stream (nanoGPT's sampling)."""
 
-    fixed_shapes = True  # every batch is (batch_size, block)
-
     def __init__(
         self, stream: TokenStream, *, batch_size: int, block: int, eval_batches: int
     ) -> None:
@@ -36,6 +34,10 @@ class LMTask:
             block,
             eval_batches,
         )
+
+    @property
+    def fixed_rows(self) -> int:
+        return self.batch_size * self.block  # every batch is (batch_size, block)
 
     def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
         every = [self.stream.batch("train", self.batch_size, self.block) for _ in range(n * world)]

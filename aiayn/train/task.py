@@ -12,10 +12,13 @@ from aiayn.nn.context import Record
 
 
 class Task(Protocol):
-    # True when every batch has the same shape (a language model's B × T windows); the loop
-    # then lets the linear layers use oneDNN, whose kernels are built per shape
-    # (aiayn/nn/linear.py).
-    fixed_shapes: bool
+    @property
+    def fixed_rows(self) -> int | None:
+        """Rows of a micro-batch's activations (B × T) when every batch has the same shape --
+        a language model's windows -- else None.  With fixed shapes the loop lets the linear
+        layers use oneDNN where it measures faster on this host (its kernels are built per
+        shape, so varying shapes would pile them up: aiayn/nn/linear.py)."""
+        ...
 
     def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
         """This rank's ``n`` micro-batches of the next step (advances the data position)."""

@@ -54,7 +54,9 @@ def collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.
 class TranslationTask:
     """Epochs of shuffled token-count batches; the data position is (epoch, batch index)."""
 
-    fixed_shapes = False  # every batch has its own (B, S) and (B, T)
+    @property
+    def fixed_rows(self) -> None:
+        return None  # every batch has its own (B, S) and (B, T)
 
     def __init__(
         self,

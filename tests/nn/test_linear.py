@@ -84,3 +84,21 @@ def test_onednn_training_path_only_when_asked(monkeypatch: pytest.MonkeyPatch) -
         assert calls
     layer(x)
     assert len(calls) <= 1  # restored on exit
+
+
+def test_the_onednn_probe_measures_without_touching_the_global_rng() -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    speedup = linear_module.onednn_speedup(64, 16, 32)
+    assert torch.equal(torch.rand(3), expected)  # training's random stream is unchanged
+    assert speedup > 0 if linear_module._ONEDNN else speedup == 0
+
+
+def test_one_row_without_gradients_takes_gemv_and_equals_f_linear() -> None:
+    torch.manual_seed(0)
+    layer = Linear(48, 40)
+    x = torch.randn(1, 1, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert layer(x).requires_grad  # with gradients it stays on the autograd path
