@@ -154,7 +154,8 @@ def main() -> int:
     results_path = Path(args.json)
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     print(
-        f"{'trial':<14}{'PFLOP':>7}{'val loss':>10}{'val BLEU':>10}{'train s':>9}{'MiB':>7}{'GFLOP/s':>9}"
+        f"{'trial':<16}{'TFLOP':>7}{'val loss':>10}{'BLEU beam':>10}{'train s':>9}{'MiB':>7}"
+        f"{'GFLOP/s':>9}  greedy BLEU by TFLOP"
     )
     for name in args.trials:
         rate = matmul_gflops(2048)
