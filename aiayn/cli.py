@@ -173,7 +173,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rd = RunDir(args.out)
     rd.recover()
     latest = rd.latest()
-    resume = latest is not None and read_run(latest).get("train") == run.to_dict()["train"]
+    wanted = run.to_dict()
+    done = read_run(latest) if latest is not None else {}
+    # A demo stopped part-way (Ctrl-C, a kill) continues; any other run there starts again.
+    resume = all(done.get(key) == wanted[key] for key in ("train", "data"))
     print(
         f"aiayn demo: {args.config}, {run.train.max_steps} steps of about"
         f" {run.train.max_tokens} tokens, on {root / 'multi30k'}"

@@ -1,0 +1,30 @@
+"""The command line's main job, end to end on a tiny corpus: ``aiayn demo``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from tests.train.test_translation import TOML, write_corpus
+
+
+def test_demo_trains_a_fixed_number_of_steps_translates_and_scores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_corpus(tmp_path / "data")
+    (tmp_path / "demo.toml").write_text(TOML)
+    args = ["demo", "--config", str(tmp_path / "demo.toml"), "--data", str(tmp_path / "data"),
+            "--out", str(tmp_path / "run"), "--sentences", "3"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "6 steps" in out and "GFLOP/s" in out  # fixed work, and the host's rate beside it
+    assert "step 6 of 6" in out and "peak memory" in out
+    assert out.count("  source     ") == 3 and "BLEU" in out.split("test_2016_flickr")[-1]
+    # Run again: the finished run is reused, not retrained.
+    assert main(args) == 0
+    assert "already complete" in capsys.readouterr().out
+    # Another recipe into the same folder starts again.
+    assert main([*args, "--set", "train.max_steps=4"]) == 0
+    assert "step 4 of 4" in capsys.readouterr().out
