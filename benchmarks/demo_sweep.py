@@ -56,9 +56,10 @@ TRIALS: dict[str, list[str]] = {
     "peak2.5e-3": _paper(2.5e-3, 80),
     "peak4e-3": _paper(4e-3, 80),
     # stage 2: the shape of the work, each scored along the way (snapshots)
-    "base-curve": _paper(2.5e-3, 80) + _curve(480, 80),
-    "small-4k": _paper(2.5e-3, 80) + SMALL + _curve(480, 80),
-    "small-2k": _paper(2e-3, 160) + SMALL + ["train.max_tokens=2048"] + _curve(960, 160),
+    "small-4k": _paper(2.5e-3, 80) + SMALL + _curve(480, 80),  # diverged (loss 6 at step 80)
+    "s-1k": _paper(1.5e-3, 200) + SMALL + ["train.max_tokens=1024"] + _curve(1600, 200),
+    "s-2k": _paper(2e-3, 120) + SMALL + ["train.max_tokens=2048"] + _curve(800, 100),
+    "b-2k": _paper(2e-3, 120) + ["train.max_tokens=2048"] + _curve(800, 100),
 }
 
 
