@@ -59,7 +59,7 @@ TRIALS: dict[str, list[str]] = {
     "small-4k": _paper(2.5e-3, 80) + SMALL + _curve(480, 80),  # diverged (loss 6 at step 80)
     "s-1k": _paper(1.5e-3, 200) + SMALL + ["train.max_tokens=1024"] + _curve(1600, 200),
     "s-2k": _paper(2e-3, 120) + SMALL + ["train.max_tokens=2048"] + _curve(800, 100),
-    "b-2k": _paper(2e-3, 120) + ["train.max_tokens=2048"] + _curve(800, 100),
+    "b-2k": [*_paper(2e-3, 120), "train.max_tokens=2048", *_curve(800, 100)],
 }
 
 
