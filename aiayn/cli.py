@@ -161,9 +161,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     translate test sentences with beam search and score them."""
     from aiayn.checkpoint import RunDir, read_run
     from aiayn.data.parallel import multi30k
+    from aiayn.device import matmul_gflops
     from aiayn.evaluate.translation import score
     from aiayn.generate.translate import translate
-    from aiayn.inspect.machine import matmul_gflops
     from aiayn.train.config import load_run_config
     from aiayn.train.translate import train_translation
 

@@ -25,7 +25,7 @@ from typing import Any
 from aiayn.checkpoint import RunDir, load_bundle
 from aiayn.data.batching import token_batches
 from aiayn.data.files import data_dir
-from aiayn.inspect.machine import matmul_gflops
+from aiayn.device import matmul_gflops
 from aiayn.train.config import load_run_config
 from aiayn.train.translate import encode_pairs, load_pairs
 

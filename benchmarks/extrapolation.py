@@ -22,8 +22,8 @@ import torch
 from aiayn.checkpoint import load_bundle
 from aiayn.data.files import data_dir
 from aiayn.data.lm_data import TokenStream
+from aiayn.device import matmul_gflops
 from aiayn.evaluate.perplexity import evaluate_lm
-from aiayn.inspect.machine import matmul_gflops
 from aiayn.models import DecoderLM
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm

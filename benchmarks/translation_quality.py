@@ -23,9 +23,9 @@ from aiayn.checkpoint import RunDir, load_bundle, save_with_companions
 from aiayn.data.files import data_dir
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
+from aiayn.device import matmul_gflops
 from aiayn.evaluate.translation import evaluate_translation
 from aiayn.generate.beam import PAPER_BEAM
-from aiayn.inspect.machine import matmul_gflops
 from aiayn.models import EncoderDecoder
 from aiayn.train.average import average_checkpoints
 from aiayn.train.config import load_run_config

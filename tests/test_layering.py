@@ -2,7 +2,8 @@
 
 The layers, bottom to top (docs/ARCHITECTURE.md explains each):
 
-    0 config, registry      what a model is, and the names of its pluggable parts
+    0 config, registry,     what a model is, the names of its pluggable parts, and where
+      device                it runs (device, precision, the machine's measured rates)
     1 nn, data              the mechanism; tokenizers, datasets, batching
     2 models                the three families, built from nn
     3 checkpoint, interop   reading and writing folders of weights (ours, Hugging Face's)
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent / "aiayn"
 LAYERS = {
     "config": 0,
     "registry": 0,
+    "device": 0,
     "nn": 1,
     "data": 1,
     "models": 2,

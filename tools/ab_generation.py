@@ -60,7 +60,7 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 8])
     args = ap.parse_args()
     sys.path.insert(0, args.after)
-    from aiayn.inspect.machine import matmul_gflops
+    from aiayn.device import matmul_gflops
 
     print(
         f"torch.mm fp32 {matmul_gflops(2048):.0f} GFLOP/s, {args.threads} threads, {args.rounds} rounds"

@@ -59,6 +59,7 @@ class TrainState:
     data: dict[str, Any]  # the task's data position (generator states, epoch, batch index)
     history: list[dict[str, float]] = field(default_factory=list)
     scaler: dict[str, Any] = field(default_factory=dict)  # a float16 GradScaler's state
+    cuda_rng: list[torch.Tensor] = field(default_factory=list)  # every GPU's RNG state
 
 
 def step_dir_name(step: int) -> str:
@@ -75,7 +76,7 @@ def read_state(folder: Path) -> TrainState:
     if not path.is_file():
         raise ValueError(f"{folder} holds a model but no {STATE_FILE}: nothing to resume from")
     try:
-        raw = torch.load(path, weights_only=True)
+        raw = torch.load(path, weights_only=True, map_location="cpu")
         return TrainState(**raw)
     except Exception as err:  # unpickling errors, truncation, wrong keys
         raise ValueError(f"corrupt training state {path}: {err}") from err

@@ -39,11 +39,13 @@ def evaluate_lm(
 ) -> float:
     """Mean validation loss (nats per token) over fixed random windows."""
     g = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
     was = model.training
     model.eval()
-    losses = [
-        lm_loss(model, *stream.batch("val", batch_size, block, g)).item() for _ in range(batches)
-    ]
+    losses = []
+    for _ in range(batches):
+        x, y = stream.batch("val", batch_size, block, g)
+        losses.append(lm_loss(model, x.to(device), y.to(device)).item())
     model.train(was)
     return sum(losses) / len(losses)
 
@@ -60,9 +62,11 @@ def translation_loss(
     was = model.training
     model.eval()
     total, tokens = 0.0, 0
+    device = next(model.parameters()).device
     for src, tgt_in, tgt_out in batches:
         n = int((tgt_out != pad_id).sum())
-        total += float(model(src, tgt_in, targets=tgt_out)) * n
+        loss = model(src.to(device), tgt_in.to(device), targets=tgt_out.to(device))
+        total += float(loss) * n
         tokens += n
     model.train(was)
     return total / tokens if tokens else float("nan")

@@ -34,7 +34,11 @@ class TrainConfig:
     eval_batches: int = 20
     checkpoint_interval: int = 500
     seed: int = 1337
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Autocast precision: "auto" is bf16 on GPUs that have it, and on CPUs whose bf16 units
+    # measure faster than fp32 here (aiayn/device.py); float16 adds a gradient scaler.
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    device: str = "auto"  # "auto" (a GPU when there is one), "cpu", "cuda", "cuda:N"
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # several processes: replicate, or shard (FSDP2)
     compile: bool = False
     threads: int | None = None
     schedule: Literal["cosine", "paper"] = "cosine"  # "paper": Eq. (3) of §5.3, lr = its factor
@@ -69,9 +73,14 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig lr={self.lr}, min_lr={self.min_lr}: expected 0 <= min_lr <= lr, lr > 0"
             )
-        if self.dtype not in ("float32", "bfloat16"):
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(
-                f"TrainConfig.dtype={self.dtype!r} is invalid: expected 'float32' or 'bfloat16'"
+                f"TrainConfig.dtype={self.dtype!r} is invalid: expected 'float32', 'bfloat16',"
+                " 'float16' or 'auto'"
+            )
+        if self.parallel not in ("ddp", "fsdp"):
+            raise ValueError(
+                f"TrainConfig.parallel={self.parallel!r} is invalid: expected 'ddp' or 'fsdp'"
             )
         if self.schedule not in ("cosine", "paper"):
             raise ValueError(

@@ -9,11 +9,15 @@ aiayn/checkpoint/run_dir.py.  A run killed at any instant and resumed continues 
 batches, dropout masks and learning rates as one that never stopped, and ends with the same
 weights, bit for bit (tests/train/test_faults.py).
 
-Several processes: launched by ``torchrun``, the loop wraps the model in
-DistributedDataParallel (gloo on CPU, nccl on GPU).  Every step draws ``world × grad_accum``
-micro-batches from the same data order on every rank, and rank r takes its share, so two
-processes with ``grad_accum = a`` compute exactly the step that one process computes with
-``grad_accum = 2a``.  Only rank 0 writes logs and checkpoints.
+Devices and precision: ``train.device`` (a GPU when there is one, by default) holds the model,
+its optimizer state and the batches; ``train.dtype`` sets autocast (bf16, or fp16 with a
+gradient scaler).  Several processes: launched by ``torchrun``, the loop wraps the model in
+DistributedDataParallel or shards it with FSDP2 (aiayn/train/parallel.py; gloo on CPU, nccl
+on GPU).  Every step draws ``world × grad_accum`` micro-batches from the same data order on
+every rank, and rank r takes its share, so two processes with ``grad_accum = a`` compute
+exactly the step that one process computes with ``grad_accum = 2a``.  Only rank 0 writes logs
+and checkpoints; checkpoints hold full CPU weights and optimizer state keyed by name, so a run
+resumes on any device and any number of processes.
 """
 
 from __future__ import annotations
@@ -31,11 +35,19 @@ import torch.distributed as dist
 
 from aiayn.checkpoint.run_dir import RunDir, TrainState
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.device import resolve_device, resolve_dtype
 from aiayn.models import TransformerModel
 from aiayn.nn.linear import onednn_speedup, use_onednn
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.logger import RunLogger
 from aiayn.train.optim import build_adamw
+from aiayn.train.parallel import (
+    load_optimizer_state,
+    local_device,
+    optimizer_state,
+    saveable_model,
+    wrap,
+)
 from aiayn.train.policy import CheckpointPolicy, TrainingInterrupted, stop_on_signals
 from aiayn.train.schedule import lr_schedule
 from aiayn.train.step import TrainStep
@@ -138,20 +150,26 @@ def fit(
             start, tc.max_steps, _last_val(history), history, rd.pointer, 0.0, 0.0,
             peak_rss_mib(), already_complete=True,
         )  # fmt: skip
+    device = local_device(resolve_device(tc.device), world)
+    dtype = resolve_dtype(tc.dtype, device)
+    model.to(device)
+    wrapped = wrap(model, tc.parallel, device, world)
     optimizer = build_adamw(
         model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
     )
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     if state is not None:
-        optimizer.load_state_dict(state.optimizer)
+        load_optimizer_state(model, optimizer, state.optimizer)
         torch.set_rng_state(state.torch_rng)
+        if device.type == "cuda" and state.cuda_rng:
+            torch.cuda.set_rng_state_all(state.cuda_rng)
+        if scaler is not None and state.scaler:
+            scaler.load_state_dict(state.scaler)
         task.load_data_state(state.data)
     model.train()
-    wrapped: torch.nn.Module = model
-    if world > 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
     if tc.compile:
         wrapped = torch.compile(wrapped)  # type: ignore[assignment]
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     step_fn = TrainStep(
         model,
         wrapped,
@@ -162,6 +180,8 @@ def fit(
         rank=rank,
         world=world,
         autocast=autocast,
+        device=device,
+        scaler=scaler,
     )
     policy = CheckpointPolicy(tc)
     run_dict = run.to_dict() | {"model": model.config.to_dict()}
@@ -169,8 +189,10 @@ def fit(
     logger = RunLogger(
         rd.log, start=start, end=end, total=tc.max_steps, enabled=rank == 0, progress=progress
     )
+    if dtype != torch.float32 or device.type != "cpu":
+        logger.note(f"training on {device} in {str(dtype).removeprefix('torch.')} autocast")
     onednn = False
-    if task.fixed_rows is not None and next(model.parameters()).device.type == "cpu":
+    if task.fixed_rows is not None and device.type == "cpu" and dtype == torch.float32:
         d = model.config.d_model
         speedup = onednn_speedup(task.fixed_rows, d, 4 * d)
         onednn = speedup > 1.05
@@ -180,17 +202,21 @@ def fit(
         )
 
     def checkpoint(done: int) -> None:
+        # Gathering a sharded model or optimizer is collective: every rank takes part.
+        saved, moments = saveable_model(model), optimizer_state(model, optimizer)
         if rank == 0:
             rd.save_checkpoint(
-                model,
+                saved,
                 tokenizer,
                 run_dict,
                 TrainState(
                     done,
-                    optimizer.state_dict(),
+                    moments,
                     torch.get_rng_state(),
                     task.data_state(),
                     history,
+                    scaler={} if scaler is None else scaler.state_dict(),
+                    cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
                 ),
             )
 
@@ -234,8 +260,10 @@ def fit(
                 )
                 if policy.checkpoint_due(done, end) or last or stopping:
                     checkpoint(done)
-                if policy.snapshot_due(done) and rank == 0:
-                    rd.save_snapshot(done, model, tokenizer, run_dict)
+                if policy.snapshot_due(done):
+                    snapshot = saveable_model(model)
+                    if rank == 0:
+                        rd.save_snapshot(done, snapshot, tokenizer, run_dict)
                 if stopping:
                     raise TrainingInterrupted(done, stop.name or "stop", str(rd.pointer))
                 if out_of_time:

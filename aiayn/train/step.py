@@ -6,6 +6,11 @@ gradients, so the update is the same as one process accumulating them all.  A mi
 experts adds its load-balancing loss.  A loss or gradient norm that is not finite leaves the
 weights and optimizer untouched: the step is reported as such, and the loop stops or skips
 it as ``train.on_nonfinite`` says.
+
+Batches come from the task on the CPU and are moved to the model's device here (from pinned
+memory, without blocking, on a GPU).  In float16 a gradient scaler multiplies the loss before
+the backward pass and skips an update whose scaled gradients overflowed -- that is the
+scaler's normal working, not a failure.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,10 +50,22 @@ class TrainStep:
         rank: int,
         world: int,
         autocast: contextlib.AbstractContextManager[object],
+        device: torch.device,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         self.model, self.wrapped, self.optimizer = model, wrapped, optimizer
         self.schedule, self.task, self.tc = schedule, task, tc
         self.rank, self.world, self.autocast = rank, world, autocast
+        self.device, self.scaler = device, scaler
+
+    def _to_device(self, batch: Any) -> Any:
+        if isinstance(batch, torch.Tensor):
+            if self.device.type == "cpu":
+                return batch
+            return batch.pin_memory().to(self.device, non_blocking=True)
+        if isinstance(batch, tuple | list):
+            return type(batch)(self._to_device(b) for b in batch)
+        return batch
 
     def __call__(self, step: int) -> StepOutcome:
         """Step ``step`` (from 0): draws its batches, and updates the model if all is finite."""
@@ -60,22 +78,31 @@ class TrainStep:
         for batch in batches:
             record = Record()
             with self.autocast:
-                loss, n_tokens = self.task.loss(self.wrapped, batch, record)
+                loss, n_tokens = self.task.loss(self.wrapped, self._to_device(batch), record)
             objective = loss
             if record.router:  # mixture of experts: the load-balancing loss, mean over layers
                 balance = torch.stack([s.aux_loss for s in record.router]).mean()
                 objective = loss + tc.moe_aux_weight * balance
-            (objective / len(batches)).backward()
+            objective = objective / len(batches)
+            (objective if self.scaler is None else self.scaler.scale(objective)).backward()
             total += loss.item() / len(batches)
             tokens += n_tokens * self.world
         if self.world > 1:  # the global batch's loss, not this rank's share
-            reduced = torch.tensor([total])
+            reduced = torch.tensor([total], device=self.device)
             dist.all_reduce(reduced)
             total = reduced.item() / self.world
-        norm = math.inf if not math.isfinite(total) else self._clip()
-        finite = math.isfinite(total) and math.isfinite(norm)
-        if finite:
-            self.optimizer.step()
+        if self.scaler is not None:
+            finite = math.isfinite(total)
+            if finite:
+                self.scaler.unscale_(self.optimizer)
+                self._clip()
+                self.scaler.step(self.optimizer)  # skipped by the scaler if a gradient overflowed
+            self.scaler.update()
+        else:
+            norm = math.inf if not math.isfinite(total) else self._clip()
+            finite = math.isfinite(total) and math.isfinite(norm)
+            if finite:
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutcome(total, lr, tokens, finite)
 
