@@ -32,6 +32,7 @@ from aiayn import registry
 
 Arch = Literal["encoder-decoder", "decoder", "encoder"]
 NormPosition = Literal["post", "pre"]
+Init = Literal["xavier", "scaled-normal"]
 # Pluggable parts are named by strings checked against aiayn/registry.py, so that a new one is
 # one module and one registry line.
 Positional = str
@@ -42,6 +43,7 @@ BackendName = str
 _CHOICES: dict[str, tuple[str, ...]] = {
     "arch": get_args(Arch),
     "norm_position": get_args(NormPosition),
+    "init": get_args(Init),
 }
 _REGISTERED = {  # field -> kind in aiayn.registry
     "positional": "positional",
@@ -97,6 +99,12 @@ class ModelConfig:
     experts_top_k: int = 2
     expert_capacity_factor: float | None = None  # None = never drop; see aiayn/nn/moe.py
     pad_id: int | None = 0
+    # Initial weights.  "xavier": Glorot-uniform matrices, the lineage of the paper's code
+    # (tensor2tensor, the Annotated Transformer); with post-LN it lets the decoder use the
+    # source from the first hundred steps (README, "The demo").  "scaled-normal": N(0,
+    # init_std) with the residual output projections shrunk by 1/sqrt(2N), GPT-2's choice
+    # for pre-LN stacks, whose residual stream adds up every layer's output.
+    init: Init = "xavier"
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -252,6 +260,7 @@ def _gpt2_small() -> ModelConfig:
         activation="gelu_tanh",
         scale_embeddings=False,
         pad_id=None,
+        init="scaled-normal",
     )
 
 
@@ -275,6 +284,7 @@ def _llama_style_small() -> ModelConfig:
         scale_embeddings=False,
         tie_embeddings=False,
         pad_id=None,
+        init="scaled-normal",
     )
 
 
@@ -292,6 +302,7 @@ def _bert_base() -> ModelConfig:
         activation="gelu",
         scale_embeddings=False,
         pad_id=0,
+        init="scaled-normal",
     )
 
 
@@ -322,6 +333,7 @@ def _llama3_70b() -> ModelConfig:
         scale_embeddings=False,
         tie_embeddings=False,
         pad_id=None,
+        init="scaled-normal",
     )
 
 

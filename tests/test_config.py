@@ -77,3 +77,20 @@ def test_json_round_trip() -> None:
     with pytest.raises(ValueError, match="unknown ModelConfig field"):
         ModelConfig.from_dict({"wat": 1})
     assert "d_model" in field_names()
+
+
+def test_initialisations() -> None:
+    torch.manual_seed(0)
+    kw = dict(n_layers=2, d_model=256, n_heads=4, d_ff=1024, vocab_size=100)
+    paper = aiayn.build_model("paper-base", **kw)
+    assert paper.config.init == "xavier"
+    w = paper.encoder.blocks[0].ffn.w1.weight  # (1024, 256)
+    bound = (6 / (256 + 1024)) ** 0.5  # Glorot uniform: U(-b, b), b = sqrt(6 / (fan_in + fan_out))
+    assert w.abs().max() <= bound and abs(w.std().item() - bound / 3**0.5) < 0.002
+    gpt = aiayn.build_model("gpt2-small", **kw)
+    assert gpt.config.init == "scaled-normal"
+    assert abs(gpt.decoder.blocks[0].ffn.w1.weight.std().item() - 0.02) < 0.001
+    shrunk = 0.02 / (2 * 2) ** 0.5  # residual projections / sqrt(2N), N = 2 layers
+    assert abs(gpt.decoder.blocks[0].ffn.w2.weight.std().item() - shrunk) < 0.001
+    with pytest.raises(ValueError, match="init='he'"):
+        get_preset("paper-base", init="he")

@@ -69,18 +69,22 @@ class TransformerModel(nn.Module):
         return sum(p.numel() for p in self.parameters() if id(p) not in skip)
 
     def init_weights(self) -> None:
-        """N(0, init_std) for matrices, zero biases, unit norms; embeddings that are scaled by
-        sqrt(d_model) start at std d_model^-0.5 so that the scaled vectors have unit size; the
-        residual output projections are shrunk by 1/sqrt(2N) (GPT-2) so the residual stream's
-        variance does not grow with depth."""
+        """Zero biases and unit norms; matrices as ``config.init`` says: Glorot-uniform
+        ("xavier"), or N(0, init_std) with the residual output projections shrunk by
+        1/sqrt(2N) ("scaled-normal", GPT-2) so that a pre-LN residual stream's variance does
+        not grow with depth.  Embeddings that are scaled by sqrt(d_model) start at std
+        d_model^-0.5, so that the scaled vectors have unit size."""
         c = self.config
         depth = c.n_layers + (c.decoder_layers if c.arch == "encoder-decoder" else 0)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                std = c.init_std
-                if name.endswith(("self_attn.out", "cross_attn.out", "ffn.w2")):
-                    std = c.init_std / math.sqrt(2 * depth)
-                nn.init.normal_(module.weight, 0.0, std)
+                if c.init == "xavier":
+                    nn.init.xavier_uniform_(module.weight)
+                else:
+                    std = c.init_std
+                    if name.endswith(("self_attn.out", "cross_attn.out", "ffn.w2")):
+                        std = c.init_std / math.sqrt(2 * depth)
+                    nn.init.normal_(module.weight, 0.0, std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
