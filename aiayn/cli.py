@@ -75,7 +75,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from aiayn.explore.registry import default_registry
     from aiayn.explore.server import serve
 
-    registry = default_registry(args.checkpoint, args.runs, args.preset)
+    registry = default_registry(args.checkpoint, args.runs, args.preset, device=_device(args))
     print(f"models: {', '.join(registry.entries)}", file=sys.stderr)
     print(f"open http://{args.host}:{args.port}/", file=sys.stderr)
     serve(
@@ -169,7 +169,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     root = data_dir(args.data)
-    run = load_run_config(args.config, _overrides(args.set))
+    overrides = _overrides(args.set) | ({"train.device": args.device} if args.device else {})
+    run = load_run_config(args.config, overrides)
     rd = RunDir(args.out)
     rd.recover()
     latest = rd.latest()
@@ -187,7 +188,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"continuing the demo run in {rd.root}")
     result = train_translation(run, args.out, root, resume=resume, overwrite=not resume)
     _print_result(result)
-    model, tokenizer = _load_translator(str(result.checkpoint))
+    model, tokenizer = _load_translator(str(result.checkpoint), _device(args))
     print(summarize(model))
     test = multi30k(
         root / "multi30k", "test_2016_flickr", run.data.source_lang, run.data.target_lang
@@ -214,7 +215,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aiayn.train.lm import train_lm
     from aiayn.train.translate import train_translation
 
-    run = load_run_config(args.config, _overrides(args.set))
+    overrides = _overrides(args.set) | ({"train.device": args.device} if args.device else {})
+    run = load_run_config(args.config, overrides)
     trainers = {"decoder": train_lm, "encoder-decoder": train_translation}
     if run.model.arch not in trainers:
         raise ValueError(f"aiayn train has no task for arch={run.model.arch!r} yet")
@@ -237,9 +239,21 @@ def _beam(args: argparse.Namespace) -> BeamConfig | None:
     return BeamConfig(beam_size=args.beam, length_penalty=args.alpha, max_extra=args.max_extra)
 
 
-def _load_translator(path: str) -> tuple[EncoderDecoder, BPETokenizer]:
+def _device(args: argparse.Namespace) -> torch.device:
+    from aiayn.device import resolve_device
+
+    return resolve_device(getattr(args, "device", "auto") or "auto")
+
+
+def _load_translator(
+    path: str, device: torch.device | None = None
+) -> tuple[EncoderDecoder, BPETokenizer]:
+    from aiayn.device import inference_dtype
+
     bundle = load_bundle(path)
     model, tokenizer = bundle.model, bundle.tokenizer
+    if device is not None:
+        model.to(device, inference_dtype(device))
     if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
     return model.eval(), tokenizer
@@ -248,7 +262,7 @@ def _load_translator(path: str) -> tuple[EncoderDecoder, BPETokenizer]:
 def cmd_translate(args: argparse.Namespace) -> int:
     from aiayn.generate.translate import translate
 
-    model, tokenizer = _load_translator(args.checkpoint)
+    model, tokenizer = _load_translator(args.checkpoint, _device(args))
     text_in = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
     lines = text_in.splitlines()
     out = translate(
@@ -279,9 +293,13 @@ def cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_lm(path: str) -> tuple[DecoderLM, Tokenizer]:
+def _load_lm(path: str, device: torch.device | None = None) -> tuple[DecoderLM, Tokenizer]:
+    from aiayn.device import inference_dtype
+
     bundle = load_bundle(path)
     model, tokenizer = bundle.model, bundle.tokenizer
+    if device is not None:
+        model.to(device, inference_dtype(device))
     if not isinstance(model, DecoderLM):
         raise ValueError(
             f"{path} holds a {type(model).__name__}, not a decoder-only language model"
@@ -292,7 +310,7 @@ def _load_lm(path: str) -> tuple[DecoderLM, Tokenizer]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from aiayn.generate import SamplingConfig, generate
 
-    model, tokenizer = _load_lm(args.checkpoint)
+    model, tokenizer = _load_lm(args.checkpoint, _device(args))
     sampling = SamplingConfig(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -327,10 +345,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import math
 
     from aiayn.data.lm_data import TokenStream
+    from aiayn.device import inference_dtype
     from aiayn.evaluate.perplexity import evaluate_lm
 
     bundle = load_bundle(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
+    device = _device(args)
+    model.to(device, inference_dtype(device))
     data = bundle.run.get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)
@@ -419,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="config overrides"
     )
     p.add_argument("--sentences", type=int, default=200, help="test sentences to score")
+    p.add_argument(
+        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a model from a TOML config (see configs/)")
@@ -434,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="e.g. train.max_steps=100"
     )
+    p.add_argument(
+        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("generate", help="continue a prompt with a language model, streaming")
@@ -447,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", help="stop once this text appears (repeatable)")
     p.add_argument("--truncate", action="store_true", help="keep the end of an over-long prompt")
+    p.add_argument(
+        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
+    )
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("evaluate", help="validation loss, perplexity and bits per character")
@@ -460,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--output", default=None, help="write the translations to this file")
     _add_decoding(p)
+    p.add_argument(
+        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("translate", help="translate lines (stdin -> stdout, or files)")
@@ -469,6 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--truncate", action="store_true", help="cut over-long lines instead of failing")
     _add_decoding(p)
+    p.add_argument(
+        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
+    )
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("average", help="average model checkpoints (§6.1)")
@@ -526,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=400, help="longest text a request may send")
     p.add_argument(
         "--max-body", type=int, default=64 * 1024, help="largest request body in bytes (413 above)"
+    )
+    p.add_argument(
+        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
     )
     p.set_defaults(func=cmd_explore)
     return parser

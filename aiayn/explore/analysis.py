@@ -75,10 +75,15 @@ def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
         )
         _check_length(loaded, src, "text")
         _check_length(loaded, tgt, "target")
-        recorded = recorded_scores(model, torch.tensor([src]), torch.tensor([tgt]))
+        device = next(model.parameters()).device
+        recorded = recorded_scores(
+            model, torch.tensor([src], device=device), torch.tensor([tgt], device=device)
+        )
     else:
         _check_length(loaded, src, "text")
-        recorded = recorded_scores(model, torch.tensor([src]))
+        recorded = recorded_scores(
+            model, torch.tensor([src], device=next(model.parameters()).device)
+        )
     streams: dict[str, list[AttentionScores]] = {}
     for r in recorded:
         streams.setdefault(r.stream, []).append(r)
@@ -170,7 +175,8 @@ def next_token(
     ids, _ = _encode(loaded, text, "text")
     _check_length(loaded, ids, "text")
     with torch.no_grad():
-        logits = loaded.model(torch.tensor([ids]))[:, -1]  # (1, V)
+        device = next(loaded.model.parameters()).device
+        logits = loaded.model(torch.tensor([ids], device=device))[:, -1]  # (1, V)
     probs = next_token_distribution(logits, SamplingConfig(temperature=temperature))[0]  # (V,)
     entropy = float(-(probs * probs.clamp_min(1e-30).log()).sum())
     p, idx = probs.topk(min(top, probs.numel()))

@@ -30,6 +30,7 @@ from aiayn.checkpoint import (
 from aiayn.checkpoint.run_dir import CHECKPOINTS
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
+from aiayn.device import inference_dtype
 from aiayn.inspect.attention_maps import untrained_config
 from aiayn.models import TransformerModel, build_model
 
@@ -115,7 +116,8 @@ def _checkpoint_name(folder: Path, root: Path) -> str:
 class Registry:
     """Names -> models.  Thread-safe; at most ``cache_size`` models stay loaded."""
 
-    def __init__(self, cache_size: int = 2) -> None:
+    def __init__(self, cache_size: int = 2, device: torch.device | None = None) -> None:
+        self.device = torch.device("cpu") if device is None else device
         self.entries: dict[str, Entry] = {}
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self._lock = threading.Lock()
@@ -194,21 +196,21 @@ class Registry:
             if entry.name in self._loaded:
                 self._loaded.move_to_end(entry.name)
                 return self._loaded[entry.name]
-            loaded = self._load(entry)
+            loaded = self._load(entry, self.device)
             self._loaded[entry.name] = loaded
             while len(self._loaded) > self.cache_size:
                 self._loaded.popitem(last=False)
             return loaded
 
     @staticmethod
-    def _load(entry: Entry) -> Loaded:
+    def _load(entry: Entry, device: torch.device) -> Loaded:
         if entry.directory is not None:
             bundle = load_bundle(entry.directory)
             model, tokenizer = bundle.model, bundle.tokenizer
         else:
             torch.manual_seed(0)
             model, tokenizer = build_model(entry.config), CharTokenizer(PRESET_CHARS)
-        model.eval()
+        model.to(device, inference_dtype(device)).eval()
         return Loaded(entry, model, tokenizer)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -219,10 +221,11 @@ def default_registry(
     checkpoints: Sequence[str] = (),
     runs: Sequence[str] = (),
     preset_names: Sequence[str] = (),
+    device: torch.device | None = None,
 ) -> Registry:
     """A registry from the command line: ``NAME=DIR`` or ``DIR`` checkpoints, runs folders and
     presets.  With none of them, the checkpoints under ./runs (if any) and untrained gpt2-small."""
-    reg = Registry()
+    reg = Registry(device=device)
     for spec in checkpoints:
         name, sep, folder = spec.partition("=")
         if sep and not Path(spec).exists():

@@ -52,7 +52,7 @@ def translate(
     out = [""] * len(lines)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        src = pad([encoded[i] or [] for i in chunk], PAD)
+        src = pad([encoded[i] or [] for i in chunk], PAD).to(next(model.parameters()).device)
         if beam is None:
             hyps = greedy_decode(model, src, bos=BOS, eos=EOS, never=NEVER)
         else:
