@@ -68,6 +68,12 @@ TRIALS: dict[str, list[str]] = {
     "x-small-2k-p2e-3": _paper(2e-3, 100) + SMALL + ["train.max_tokens=2048"] + _curve(700, 100),
     "x-small-4k-p1.5e-3": _paper(1.5e-3, 50) + SMALL + _curve(350, 50),
     "x-base-2k-p1e-3": [*_paper(1e-3, 100), "train.max_tokens=2048", *_curve(700, 100)],
+    "x-small-1k-p7e-4": _paper(7e-4, 200) + SMALL + ["train.max_tokens=1024"] + _curve(1400, 200),
+    "x-small-2k-p7e-4": _paper(7e-4, 100) + SMALL + ["train.max_tokens=2048"] + _curve(700, 100),
+    "x-small-2k-p1e-3-nodrop": _paper(1e-3, 100)
+    + SMALL
+    + ["train.max_tokens=2048", "model.dropout=0.0"]
+    + _curve(700, 100),
 }
 
 
