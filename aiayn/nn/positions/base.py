@@ -32,13 +32,16 @@ def check_positions(positions: Tensor, max_len: int) -> None:
     """Positions must be integers in [0, max_len)."""
     if positions.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
-    if positions.numel() and int(positions.max()) >= max_len:
+    if not positions.numel():
+        return
+    low, high = (int(v) for v in torch.aminmax(positions))  # one pass, one sync
+    if high >= max_len:
         raise ValueError(
-            f"position {int(positions.max())} is beyond max_len={max_len}: the sequence is"
+            f"position {high} is beyond max_len={max_len}: the sequence is"
             f" longer than the model's positions support"
         )
-    if positions.numel() and int(positions.min()) < 0:
-        raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+    if low < 0:
+        raise ValueError(f"positions must be >= 0, got {low}")
 
 
 class PositionState:
