@@ -31,7 +31,23 @@ from aiayn.train.translate import encode_pairs, load_pairs
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo_de_en.toml"
 
-# name -> overrides of configs/demo_de_en.toml.  Every trial costs about the same compute:
+# Every trial starts from the settings the demo had when the sweep began (3+3 layers of 256,
+# d_ff 1024, 8k BPE, dropout 0.1, 240 steps of 4,096 tokens, Eq. (3) with warm-up 100), so
+# that a trial means the same thing after configs/demo_de_en.toml adopts the sweep's winner.
+BASE = [
+    "model.d_ff=1024",
+    "model.dropout=0.1",
+    "data.bpe_vocab_size=8000",
+    "train.max_tokens=4096",
+    "train.max_steps=240",
+    "train.eval_interval=60",
+    "train.checkpoint_interval=60",
+    "train.warmup_steps=100",
+    "train.lr=1.0",
+]
+OLD_INIT = ["model.init=scaled-normal"]  # stages 1 and 2
+
+# name -> overrides of BASE.  Every trial costs about the same compute:
 # halving the tokens per batch doubles the steps.  The schedule is Eq. (3); a trial is named by
 # the peak learning rate it reaches at the end of warm-up, d_model^-0.5 · warmup^-0.5 · lr.
 
@@ -54,15 +70,18 @@ SMALL = ["model.d_ff=512", "data.bpe_vocab_size=4000"]
 # the Glorot-uniform initialisation, now the default of the paper's presets.
 TRIALS: dict[str, list[str]] = {
     # stage 1 (scaled-normal init): the schedule, at 240 steps of 4,096 tokens
-    "w800-f1": ["train.warmup_steps=800", "train.lr=1.0"],  # the old demo's schedule
-    "w100-f1": ["train.warmup_steps=100", "train.lr=1.0"],  # peak 6.3e-3: diverged
-    "peak1.5e-3": _paper(1.5e-3, 80),
-    "peak2.5e-3": _paper(2.5e-3, 80),
-    "peak4e-3": _paper(4e-3, 80),  # diverged
+    "w800-f1": [*OLD_INIT, "train.warmup_steps=800", "train.lr=1.0"],  # the old demo's schedule
+    "w100-f1": [*OLD_INIT, "train.warmup_steps=100", "train.lr=1.0"],  # peak 6.3e-3: diverged
+    "peak1.5e-3": OLD_INIT + _paper(1.5e-3, 80),
+    "peak2.5e-3": OLD_INIT + _paper(2.5e-3, 80),
+    "peak4e-3": OLD_INIT + _paper(4e-3, 80),  # diverged
     # stage 2 (scaled-normal init): the shape of the work, scored along the way
-    "small-4k": _paper(2.5e-3, 80) + SMALL + _curve(480, 80),  # diverged (loss 6 at step 80)
-    "s-1k": _paper(1.5e-3, 200) + SMALL + ["train.max_tokens=1024"] + _curve(1600, 200),
-    "s-2k": _paper(2e-3, 120) + SMALL + ["train.max_tokens=2048"] + _curve(800, 100),
+    "small-4k": OLD_INIT
+    + _paper(2.5e-3, 80)
+    + SMALL
+    + _curve(480, 80),  # diverged (loss 6 at step 80)
+    "s-1k": OLD_INIT + _paper(1.5e-3, 200) + SMALL + ["train.max_tokens=1024"] + _curve(1600, 200),
+    "s-2k": OLD_INIT + _paper(2e-3, 120) + SMALL + ["train.max_tokens=2048"] + _curve(800, 100),
     # stage 3 (Glorot-uniform init)
     "x-small-2k-p1e-3": _paper(1e-3, 100) + SMALL + ["train.max_tokens=2048"] + _curve(700, 100),
     "x-small-2k-p2e-3": _paper(2e-3, 100) + SMALL + ["train.max_tokens=2048"] + _curve(700, 100),
@@ -82,7 +101,7 @@ def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[fl
     meets) plus the attention scores, over the batches the run trained on, in order."""
     from aiayn.cli import _overrides
 
-    run = load_run_config(CONFIG, _overrides(overrides))
+    run = load_run_config(CONFIG, _overrides(BASE + overrides))
     bundle = load_bundle(checkpoint)
     c = bundle.model.config
     pairs = encode_pairs(load_pairs(run, root, "train"), bundle.tokenizer)  # type: ignore[arg-type]
@@ -119,7 +138,7 @@ def bleu(checkpoint: Path, root: Path, *extra: str) -> float:
 def run_trial(name: str, overrides: list[str], out: Path, root: Path) -> dict[str, Any]:
     """Train the trial; score its snapshots greedily (the curve) and its last step with beam 4."""
     folder = out / name
-    cmd = [sys.executable, "-m", "aiayn", "train", str(CONFIG), "--out", str(folder), "--data", str(root), "--overwrite", "--set", *overrides]  # fmt: skip
+    cmd = [sys.executable, "-m", "aiayn", "train", str(CONFIG), "--out", str(folder), "--data", str(root), "--overwrite", "--set", *BASE, *overrides]  # fmt: skip
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     train_s = time.perf_counter() - t0

@@ -60,6 +60,9 @@ class TrainState:
     history: list[dict[str, float]] = field(default_factory=list)
     scaler: dict[str, Any] = field(default_factory=dict)  # a float16 GradScaler's state
     cuda_rng: list[torch.Tensor] = field(default_factory=list)  # every GPU's RNG state
+    # Kernel choices made at the run's start (e.g. {"linear": "onednn"}): a resumed run keeps
+    # them, so that its numerics do not change with a host's speed at the moment of resuming.
+    kernels: dict[str, str] = field(default_factory=dict)
 
 
 def step_dir_name(step: int) -> str:

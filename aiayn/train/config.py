@@ -53,6 +53,9 @@ class TrainConfig:
     moe_aux_weight: float = 0.01  # weight of the MoE load-balancing loss (Switch: 0.01)
     on_nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop, or
     # skip that step's update (the last good checkpoint stays either way)
+    # CPU fp32 linear layers: "auto" measures oneDNN against MKL at the run's start (for
+    # fixed-shape batches) and keeps the faster; a resumed run keeps its start's choice.
+    linear_kernel: Literal["auto", "mkl", "onednn"] = "auto"
 
     def __post_init__(self) -> None:
         for name in (
@@ -101,6 +104,11 @@ class TrainConfig:
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(
                 f"TrainConfig.on_nonfinite={self.on_nonfinite!r} is invalid: expected 'stop' or 'skip'"
+            )
+        if self.linear_kernel not in ("auto", "mkl", "onednn"):
+            raise ValueError(
+                f"TrainConfig.linear_kernel={self.linear_kernel!r} is invalid: expected 'auto',"
+                " 'mkl' or 'onednn'"
             )
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"TrainConfig.max_minutes={self.max_minutes} must be > 0 or absent")

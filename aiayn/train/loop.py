@@ -191,15 +191,21 @@ def fit(
     )
     if dtype != torch.float32 or device.type != "cpu":
         logger.note(f"training on {device} in {str(dtype).removeprefix('torch.')} autocast")
-    onednn = False
-    if task.fixed_rows is not None and device.type == "cpu" and dtype == torch.float32:
-        d = model.config.d_model
-        speedup = onednn_speedup(task.fixed_rows, d, 4 * d)
-        onednn = speedup > 1.05
-        logger.note(
-            f"linear layers: {'oneDNN' if onednn else 'MKL'} (oneDNN measured {speedup:.2f}x MKL"
-            f" on ({task.fixed_rows}, {d}) x ({d}, {4 * d}) here)"
-        )
+    kernels = {} if state is None else dict(state.kernels)
+    if "linear" not in kernels:
+        kernels["linear"] = "mkl" if tc.linear_kernel == "auto" else tc.linear_kernel
+        cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+        if tc.linear_kernel == "auto" and task.fixed_rows is not None and cpu_fp32:
+            d = model.config.d_model
+            speedup = onednn_speedup(task.fixed_rows, d, 4 * d)
+            kernels["linear"] = "onednn" if speedup > 1.05 else "mkl"
+            logger.note(
+                f"linear layers: {'oneDNN' if kernels['linear'] == 'onednn' else 'MKL'}"
+                f" (oneDNN measured {speedup:.2f}x MKL on ({task.fixed_rows}, {d}) x"
+                f" ({d}, {4 * d}) here)"
+            )
+    # oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused.
+    onednn = kernels["linear"] == "onednn" and device.type == "cpu" and dtype == torch.float32
 
     def checkpoint(done: int) -> None:
         # Gathering a sharded model or optimizer is collective: every rank takes part.
@@ -217,6 +223,7 @@ def fit(
                     history,
                     scaler={} if scaler is None else scaler.state_dict(),
                     cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+                    kernels=kernels,
                 ),
             )
 

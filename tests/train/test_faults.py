@@ -56,6 +56,7 @@ eval_batches = 2
 checkpoint_interval = 3
 keep_snapshots = 2
 threads = 1
+linear_kernel = "mkl"  # the reference and the resumed runs must take the same kernels
 """
 COMMIT_STEPS = [
     "files-written",
@@ -77,6 +78,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tor
     (root / "run.toml").write_text(TOML)
     run_cli(root, "reference", [])
     return root, final_weights(root / "reference")
+
+
+def wait_ready(proc: subprocess.Popen[str]) -> None:
+    """Read the child's stdout up to the driver's "ready" (the loop may print notes first)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip() == "ready":
+            return
+    raise AssertionError("the training process ended before its first step")
 
 
 def env() -> dict[str, str]:
@@ -154,7 +164,7 @@ def test_sigkill_at_random_instants(setup: tuple[Path, dict[str, torch.Tensor]])
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        wait_ready(proc)
         time.sleep(rng.uniform(0.0, 0.3))
         proc.send_signal(signal.SIGKILL)
         code = proc.wait(timeout=60)
@@ -180,7 +190,7 @@ def test_sigterm_and_ctrl_c_checkpoint_and_exit(
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    wait_ready(proc)
     time.sleep(0.3)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)

@@ -118,3 +118,41 @@ def test_bad_train_settings_are_named() -> None:
         TrainConfig(snapshot_fraction=0)
     with pytest.raises(ValueError, match="max_minutes=-1"):
         TrainConfig(max_minutes=-1)
+
+
+def test_a_resumed_run_keeps_the_kernels_its_start_chose(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The oneDNN/MKL choice is measured once, at the start; a resume on a host (or an hour)
+    where the measurement would go the other way must not change the run's numerics."""
+    import aiayn.train.loop as loop
+
+    run = load_run_config(root / "run.toml")
+    probes: list[int] = []
+
+    def fast_onednn(*args: int, **kw: int) -> float:
+        probes.append(1)
+        return 2.0
+
+    monkeypatch.setattr(loop, "onednn_speedup", fast_onednn)
+    train_lm(run, root / "run", root, stop_after=3, progress=False)
+    assert probes == [1]
+    _, state = RunDir(root / "run").load()
+    assert state.kernels == {"linear": "onednn"}
+
+    def probe_must_not_run(*args: int, **kw: int) -> float:
+        raise AssertionError("a resumed run measured the kernels again")
+
+    monkeypatch.setattr(loop, "onednn_speedup", probe_must_not_run)
+    used: list[bool] = []
+    real_use = loop.use_onednn
+    monkeypatch.setattr(loop, "use_onednn", lambda on: used.append(on) or real_use(on))
+    train_lm(run, root / "run", root, resume=True, progress=False)
+    assert used == [True]
+    _, state = RunDir(root / "run").load()
+    assert state.step == 7 and state.kernels == {"linear": "onednn"}
+
+
+def test_linear_kernel_setting_is_checked() -> None:
+    with pytest.raises(ValueError, match="linear_kernel='blas'"):
+        TrainConfig(linear_kernel="blas")  # type: ignore[arg-type]
