@@ -87,7 +87,7 @@ class RunLogger:
         self.bar.update(1)
         self.bar.set_postfix(
             loss=f"{loss:.3f}",
-            val=f"{self.val:.3f}",
+            val="-" if math.isnan(self.val) else f"{self.val:.3f}",  # NaN: not evaluated yet
             lr=f"{lr:.1e}",
             tok_s=f"{tokens_per_s:,.0f}",
             refresh=False,
