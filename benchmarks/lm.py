@@ -1,30 +1,33 @@
-"""Decoder-only LM speed, side by side with peers in one run (fp32, CPU or GPU).
+"""Decoder-only LM speed against peers: every measurement in a fresh process, the
+implementations interleaved round by round, medians with min-max (benchmarks/rounds.py).
 
-    python benchmarks/lm.py [--threads 2] [--quick] [--no-quality] [--no-train] [--json benchmarks/results/lm.json]
+    python benchmarks/lm.py [--dtype float32|bfloat16] [--rounds 3] [--threads 2] [--quick]
+                            [--no-quality] [--no-train] [--no-generate] [--json ...]
 
 0. Quality: configs/shakespeare_char.toml (nanoGPT's CPU example: 4 layers, 4 heads, 128 wide,
-   context 64, batch 12, 2,000 iterations, no dropout) trained from scratch; the validation
-   loss (200 batches) and the wall time.  Needs $AIAYN_DATA (or ../shared/data).
-1. fp32 matmul rate of this machine (the MFU denominator) and memory read bandwidth.
-2. Training: ms per iteration (forward, backward, AdamW) and model-FLOPs utilisation for
-   nanoGPT's CPU Shakespeare shape and a 6-layer, 384-wide model, against HF GPT2LMHeadModel
-   (SDPA) and x-transformers with the same shape, batch and threads.
-3. Generation: tokens/s for 256 new tokens after a 32-token prompt, batch 1 and 8, against HF
-   ``generate`` with its cache, using identical weights; time per token at the start and end.
+   context 64, batch 12, 2,000 iterations, no dropout) trained from scratch in the chosen
+   dtype; the validation loss (200 batches) and the wall time.  Needs $AIAYN_DATA.
+1. Training: ms per iteration (forward, loss, backward, AdamW) for nanoGPT's CPU Shakespeare
+   shape and a 6-layer, 384-wide model, against HF GPT2LMHeadModel (SDPA) and x-transformers
+   (``attn_dim_head = d_model / heads``) of the same shape.  Same batch, threads, dtype (bf16
+   autocast with ``--dtype bfloat16``), warm-up, repeats, no dropout, and the same optimizer
+   (``torch.optim.AdamW(fused=True)``).  aiayn runs its trainer's path: the fused
+   cross-entropy (``model(x, targets=y)``) and, in fp32, oneDNN linears only if they measure
+   faster than MKL on this host at this shape (the probe the trainer runs).
+2. Generation: tokens/s for 256 new tokens after a 32-token prompt, greedy, batch 1 and 8,
+   against HF ``generate`` with its cache, on identical weights (bf16 weights for both with
+   ``--dtype bfloat16``).
 
-MFU is given against both matmul rates measured in the run: torch.mm's (MKL, what the issue's
-baseline measured) and oneDNN's (what aiayn's Linear uses on CPU; on AMD processors it is about
-twice MKL's).  It uses the PaLM count: 6·N + 12·L·T·d FLOPs per token for training (N = parameters in the
-matrices, output projection included), 2·N + 4·L·S·d per generated token.
-Peers are optional: a missing package is reported and skipped.
+MFU uses the PaLM count (6·N + 12·L·T·d FLOPs per training token) against torch.mm's rate in
+the same dtype.  The host's fp32 and bf16 matmul rates and oneDNN/MKL ratio are printed
+before and after.  Peers are optional: a missing package is reported and skipped.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import statistics
+import math
 import sys
 import time
 from pathlib import Path
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_common import matmul_rates, median_time, timed
+from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 
 import aiayn
 from aiayn.config import ModelConfig, get_preset
@@ -44,14 +47,6 @@ SHAPES = {
     "nanogpt-cpu": dict(n_layers=4, n_heads=4, d_model=128, block=64, batch=12, vocab=65),
     "6L-384": dict(n_layers=6, n_heads=6, d_model=384, block=256, batch=8, vocab=65),
 }
-
-
-def read_bandwidth(repeat: int = 15) -> float:
-    """GB/s of the fastest of ``repeat`` sums over 512 MiB: the best read rate seen, so the
-    bandwidth bound it gives is the strictest this machine supports."""
-    x = torch.randn(512 * 1024 * 1024 // 4)
-    _, times = timed(lambda: x.sum(), repeat)
-    return x.numel() * 4 / min(times) / 1e9
 
 
 def config(s: dict[str, int]) -> ModelConfig:
@@ -79,52 +74,89 @@ def x_transformers(s: dict[str, int]) -> torch.nn.Module:
     from x_transformers import Decoder, TransformerWrapper
 
     return TransformerWrapper(
-        num_tokens=s["vocab"], max_seq_len=s["block"], attn_layers=Decoder(dim=s["d_model"], depth=s["n_layers"], heads=s["n_heads"]),
+        num_tokens=s["vocab"], max_seq_len=s["block"], attn_layers=Decoder(dim=s["d_model"], depth=s["n_layers"], heads=s["n_heads"],
+                            attn_dim_head=s["d_model"] // s["n_heads"], attn_flash=True),
         tie_embedding=True,
     )  # fmt: skip
 
 
-def bench_train(build: Any, s: dict[str, int], repeat: int) -> float:
+BUILD = {"aiayn": ours, "hf-gpt2-sdpa": hf_gpt2, "x-transformers": x_transformers}
+GEN_SHAPES = {
+    "6L-384": SHAPES["6L-384"],
+    "gpt2-small-shape": dict(n_layers=12, n_heads=12, d_model=768, block=320, batch=1, vocab=50257),
+}
+
+
+def measure_train(case: dict[str, Any]) -> dict[str, float]:
+    """Median seconds of one training iteration, after two untimed ones."""
+    from bench_common import median_time
+
+    from aiayn.nn.linear import onednn_speedup, use_onednn
+
+    s, impl = SHAPES[case["shape"]], case["impl"]
     torch.manual_seed(0)
-    model = build(s).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    model = BUILD[impl](s).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
     y = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
+    fp32 = case["dtype"] == "float32"
+    onednn = (
+        impl == "aiayn"
+        and fp32
+        and onednn_speedup(s["batch"] * s["block"], s["d_model"], 4 * s["d_model"]) > 1.05
+    )
 
     def step() -> None:
-        out = model(x)
-        logits = out.logits if hasattr(out, "logits") else out
-        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not fp32):
+            if impl == "aiayn":
+                loss = model(x, targets=y)
+            else:
+                out = model(x)
+                logits = out.logits if hasattr(out, "logits") else out
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return median_time(step, repeat)
+    with use_onednn(onednn):
+        return {"s": median_time(step, case["repeat"]), "onednn": float(onednn)}
 
 
-def bench_generate(
-    model: Any, batch: int, prompt_len: int, new: int, hf: bool
-) -> tuple[float, float, float]:
+def measure_generate(case: dict[str, Any]) -> dict[str, float]:
+    """Tokens/s of one greedy generation of ``new`` tokens after a 32-token prompt, after a
+    16-token warm-up generation."""
+    s = GEN_SHAPES[case["shape"]]
     torch.manual_seed(0)
-    vocab = model.config.vocab_size
-    prompt = torch.randint(0, vocab, (batch, prompt_len))
-    stamps: list[float] = []
+    model = ours(s).eval()
+    if case["impl"] == "hf":
+        model = to_hf_gpt2(model, attn_implementation="sdpa").eval()  # the same weights
+    if case["dtype"] == "bfloat16":
+        model = model.to(torch.bfloat16)
+    prompt = torch.randint(
+        0, s["vocab"], (case["batch"], 32), generator=torch.Generator().manual_seed(1)
+    )
+
+    def run(new: int) -> None:
+        if case["impl"] == "hf":
+            with torch.no_grad():
+                model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                               min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)  # fmt: skip
+        else:
+            generate(
+                model, prompt.tolist(), max_new_tokens=new, sampling=SamplingConfig(temperature=0)
+            )
+
+    run(16)
     t0 = time.perf_counter()
-    if hf:
-        with torch.no_grad():
-            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False, use_cache=True, pad_token_id=0)  # fmt: skip
-    else:
-        generate(model, prompt.tolist(), max_new_tokens=new, sampling=SamplingConfig(temperature=0),
-                 on_token=lambda _: stamps.append(time.perf_counter()))  # fmt: skip
-    total = time.perf_counter() - t0
-    first = last = float("nan")
-    if len(stamps) > 40:
-        gaps = [b - a for a, b in itertools.pairwise(stamps)]
-        first, last = statistics.median(gaps[1:21]), statistics.median(gaps[-20:])
-    return batch * new / total, first, last
+    run(case["new"])
+    return {"tok_s": case["batch"] * case["new"] / (time.perf_counter() - t0)}
 
 
-def quality(threads: int) -> dict[str, Any]:
+def measure(case: dict[str, Any]) -> dict[str, float]:
+    return measure_train(case) if case["what"] == "train" else measure_generate(case)
+
+
+def quality(threads: int, dtype: str) -> dict[str, Any]:
     """Train configs/shakespeare_char.toml from scratch; validation loss and wall time."""
     import tempfile
 
@@ -133,13 +165,13 @@ def quality(threads: int) -> dict[str, Any]:
     from aiayn.train.lm import train_lm
 
     config = Path(__file__).resolve().parent.parent / "configs" / "shakespeare_char.toml"
-    run = load_run_config(config, {"train.threads": threads})
+    run = load_run_config(config, {"train.threads": threads, "train.dtype": dtype})
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         result = train_lm(run, out, data_dir(None), progress=False)
     wall = time.perf_counter() - t0
     print(
-        f"quality: {config.name}, {run.train.max_steps} steps: validation loss"
+        f"quality: {config.name}, {run.train.max_steps} steps, {dtype}: validation loss"
         f" {result.val_loss:.4f} (target <= 1.88, nanoGPT's figure) in {wall:.0f} s wall\n"
     )
     return {"val_loss": result.val_loss, "wall_s": wall, "steps": run.train.max_steps}
@@ -149,88 +181,93 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
-    ap.add_argument("--json", default="benchmarks/results/lm.json")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=10, help="timed training steps per process")
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--quick", action="store_true", help="1 round, few steps: a smoke run")
     ap.add_argument("--no-quality", action="store_true", help="skip the 2,000-step training run")
     ap.add_argument("--no-train", action="store_true", help="skip the training-speed table")
+    ap.add_argument("--no-generate", action="store_true", help="skip the generation table")
+    ap.add_argument("--json", default=None, help="default benchmarks/results/lm_DTYPE.json")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.repeat, args.new_tokens = 1, 2, 32
     torch.set_num_threads(args.threads)
-    repeat = 3 if args.quick else 10
-    results: dict[str, Any] = {"threads": args.threads, "torch": torch.__version__}
-    if not args.no_quality:
-        results["quality"] = quality(args.threads)
-    rate, onednn_rate = matmul_rates()
-    bw = read_bandwidth()
-    results["matmul_gflops"], results["onednn_gflops"], results["read_gb_s"] = rate, onednn_rate, bw
-    print(
-        f"fp32 matmul: torch.mm {rate:.0f} GFLOP/s, oneDNN {onednn_rate:.0f} GFLOP/s;"
-        f" memory read {bw:.1f} GB/s; {args.threads} threads\n"
-    )
-
-    peers = {"aiayn": ours, "hf-gpt2-sdpa": hf_gpt2, "x-transformers": x_transformers}
-    print(
-        f"{'training':<14}{'model':<16}{'ms/iter':>9}{'MFU(mm)':>9}{'MFU(oneDNN)':>12}{'vs aiayn':>10}"
-    )
-    results["train"] = {}
-    for shape, s in {} if args.no_train else SHAPES.items():
-        row: dict[str, Any] = {}
-        for name, build in peers.items():
-            try:
-                sec = bench_train(build, s, repeat)
-            except ImportError as err:
-                print(f"{shape:<14}{name:<16} skipped: {err}")
-                continue
-            mfu = train_flops(s) / sec / (rate * 1e9)
-            mfu_onednn = train_flops(s) / sec / (onednn_rate * 1e9)
-            row[name] = {"ms_per_iter": sec * 1e3, "mfu": mfu, "mfu_onednn": mfu_onednn}
-        for name, r in row.items():
-            ratio = r["ms_per_iter"] / row["aiayn"]["ms_per_iter"]
-            print(
-                f"{shape:<14}{name:<16}{r['ms_per_iter']:>9.1f}{r['mfu']:>9.1%}{r['mfu_onednn']:>12.1%}{ratio:>9.2f}x"
-            )
-        results["train"][shape] = row
-
-    print(
-        f"\n{'generation':<14}{'batch':>6}{'aiayn tok/s':>13}{'HF tok/s':>10}{'ratio':>7}{'ms/tok start':>14}{'end':>7}"
-    )
-    results["generate"] = {}
-    gen_shapes = {
-        "6L-384": SHAPES["6L-384"],
-        "gpt2-small-shape": dict(
-            n_layers=12, n_heads=12, d_model=768, block=320, batch=1, vocab=50257
-        ),
+    rates = host_rates()
+    print(f"{rates_line(rates)}; {args.threads} threads; {args.dtype}; {args.rounds} rounds\n")
+    results: dict[str, Any] = {
+        "args": vars(args),
+        "torch": torch.__version__,
+        "rates_before": rates,
     }
-    for shape, s in gen_shapes.items():
-        torch.manual_seed(0)
-        model = ours(s).eval()
-        hf = to_hf_gpt2(model, attn_implementation="sdpa").eval()
-        weight_bytes = sum(p.numel() * 4 for p in model.parameters())
-        shape_bw = max(bw, read_bandwidth())  # measured again next to this shape's runs
-        bound = shape_bw * 1e9 / weight_bytes  # tokens/s if every weight is read once per step
-        for batch in (1, 8):
-            ours_tps, first, last = bench_generate(model, batch, 32, 256, hf=False)
-            if batch == 1:
-                ours_b1 = ours_tps
-            hf_tps, _, _ = bench_generate(hf, batch, 32, 256, hf=True)
-            print(
-                f"{shape:<14}{batch:>6}{ours_tps:>13.0f}{hf_tps:>10.0f}{ours_tps / hf_tps:>6.2f}x{first * 1e3:>14.2f}{last * 1e3:>7.2f}"
-            )
-            results["generate"][f"{shape}/b{batch}"] = {
-                "aiayn_tok_s": ours_tps, "hf_tok_s": hf_tps, "ratio": ours_tps / hf_tps,
-                "ms_per_token_start": first * 1e3, "ms_per_token_end": last * 1e3,
-                "bandwidth_bound_tok_s": bound * batch, "fraction_of_bound": ours_tps / (bound * batch),
-            }  # fmt: skip
+    if not args.no_quality:
+        results["quality"] = quality(args.threads, args.dtype)
+    common = {"dtype": args.dtype, "threads": args.threads}
+    mm = rates["mm_bf16_gflops" if args.dtype == "bfloat16" else "best_fp32_gflops"] * 1e9
+
+    if not args.no_train:
+        print(f"{'training':<14}{'model':<16}{'ms/iter':>22}{'MFU':>7}{'aiayn faster':>14}")
+        results["train"] = {}
+        for shape in SHAPES:
+            cases = [
+                {
+                    "name": impl,
+                    "what": "train",
+                    "shape": shape,
+                    "impl": impl,
+                    "repeat": args.repeat,
+                    **common,
+                }
+                for impl in BUILD
+            ]
+            got = interleaved(__file__, cases, args.rounds)
+            rows = {
+                impl: spread([r["s"] * 1e3 for r in runs]) for impl, runs in got.items() if runs
+            }
+            for impl, ms in rows.items():
+                ratio = ms["median"] / rows["aiayn"]["median"] if "aiayn" in rows else math.nan
+                mfu = train_flops(SHAPES[shape]) / (ms["median"] / 1e3) / mm
+                ms |= {"mfu": mfu, "aiayn_faster": ratio}
+                print(f"{shape:<14}{impl:<16}{cell(ms, '.1f'):>22}{mfu:>7.1%}{ratio:>13.2f}x")
+            if got.get("aiayn"):  # the oneDNN choice of each round's aiayn process
+                rows["aiayn"]["onednn_by_round"] = [bool(r["onednn"]) for r in got["aiayn"]]
+            results["train"][shape] = rows
+
+    if not args.no_generate:
         print(
-            f"{'':<14}weights {weight_bytes / 1e6:.0f} MB; read bandwidth {shape_bw:.1f} GB/s;"
-            f" bound {bound:.0f} steps/s; batch 1 at {ours_b1 / bound:.0%} of it"
+            f"\n{'generation':<18}{'batch':>6}{'aiayn tok/s':>20}{'HF tok/s':>20}{'aiayn faster':>14}"
         )
-    out = Path(args.json)
+        results["generate"] = {}
+        for shape in GEN_SHAPES:
+            for batch in (1, 8):
+                cases = [
+                    {"name": impl, "what": "generate", "shape": shape, "impl": impl, "batch": batch,
+                     "new": args.new_tokens, **common}
+                    for impl in ("aiayn", "hf")
+                ]  # fmt: skip
+                got = interleaved(__file__, cases, args.rounds)
+                if not (got["aiayn"] and got["hf"]):
+                    continue
+                ours_s = spread([r["tok_s"] for r in got["aiayn"]])
+                hf_s = spread([r["tok_s"] for r in got["hf"]])
+                ratio = ours_s["median"] / hf_s["median"]
+                print(f"{shape:<18}{batch:>6}{cell(ours_s):>20}{cell(hf_s):>20}{ratio:>13.2f}x")
+                results["generate"][f"{shape}/b{batch}"] = {
+                    "aiayn": ours_s,
+                    "hf": hf_s,
+                    "aiayn_faster": ratio,
+                }
+    results["rates_after"] = host_rates()
+    print(f"\nafter: {rates_line(results['rates_after'])}")
+    out = Path(args.json or f"benchmarks/results/lm_{args.dtype}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {out}")
+    print(f"wrote {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if not child_main(measure):
+        sys.exit(main())

@@ -1,16 +1,27 @@
-"""Translation model speed, side by side with peers in one run (fp32, CPU).
+"""Translation model speed against peers: every measurement in a fresh process, the
+implementations interleaved round by round, medians with min-max (benchmarks/rounds.py).
 
-    python benchmarks/translation_speed.py [--threads 2] [--repeat 10] [--json ...]
+    python benchmarks/translation_speed.py [--dtype float32|bfloat16] [--rounds 3] [--threads 2]
+                                           [--repeat 5] [--quick] [--json ...]
 
-1. Training: tokens/s and model-FLOPs utilisation of one optimizer step (forward, label-smoothed
-   loss, backward, Adam) for a 3+3-layer, 256-wide, 4-head, d_ff 1024, 8k-vocabulary
-   encoder-decoder on a ~4k-token batch (128 pairs × 32 tokens per side), against
-   ``torch.nn.Transformer`` with embeddings and tied output, and HF ``MarianMTModel`` of the
-   same size.  MFU = training FLOPs (aiayn.inspect.calc, PaLM convention) / time / the fp32
-   matmul rate measured in the same run (torch.mm; oneDNN's rate is printed beside it).
-2. Beam search (beam 4, α 0.6) sentences/s on 64 Multi30k test sentences against HF Marian's
-   ``generate(num_beams=4)``.  Both models have random weights, so neither stops early:
-   both decode every sentence to the same length limit (source length + 50), equal work.
+1. Training: one optimizer step (forward, label-smoothed loss, backward, Adam 0.9/0.98/1e-9)
+   of a 3+3-layer, 256-wide, 4-head, d_ff 1024, 8k-vocabulary encoder-decoder on a ~4k-token
+   batch (128 pairs x 32 tokens a side), against ``torch.nn.Transformer`` with the paper's
+   embeddings and tied output, and HF ``MarianMTModel`` of the same size.  Everyone gets the
+   same batch, threads, dtype (fp32, or bf16 autocast with ``--dtype bfloat16``), warm-up,
+   repeats and optimizer (``torch.optim.Adam(fused=True)``), and no dropout:
+   ``torch.nn.Transformer``'s one dropout rate also drops attention weights and FFN
+   activations, where aiayn and the paper drop only sublayer outputs, so the only placement
+   all three can share is none.  aiayn computes its loss as its trainer does (the chunked
+   fused cross-entropy, ``model(src, tgt, targets=...)``); the peers through their logits.
+   MFU = training FLOPs (aiayn.inspect.calc, PaLM count) / time / torch.mm's rate in the same
+   dtype, measured in the same run.
+2. Beam search (beam 4, alpha 0.6, up to source length + 50) on Multi30k test sentences at
+   batch 64 and batch 1 against HF Marian's ``generate(num_beams=4)``.  Random weights, so
+   neither stops early; HF is held to the same length.  With ``--dtype bfloat16`` both
+   models' weights are cast to bf16.
+
+The host's fp32 and bf16 matmul rates and its oneDNN/MKL ratio are printed before and after.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_common import matmul_rates, median_time
+from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 from torch import nn
 
 import aiayn
@@ -40,8 +51,9 @@ V, D, H, FF, LAYERS, PAIRS, LEN = 8000, 256, 4, 1024, 3, 128, 32
 
 def ours() -> nn.Module:
     return aiayn.build_model(
-        "paper-base", n_layers=LAYERS, d_model=D, n_heads=H, d_ff=FF, vocab_size=V, max_len=256
-    )
+        "paper-base", n_layers=LAYERS, d_model=D, n_heads=H, d_ff=FF, vocab_size=V, max_len=256,
+        dropout=0.0,
+    )  # fmt: skip
 
 
 class TorchTransformer(nn.Module):
@@ -51,7 +63,7 @@ class TorchTransformer(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(V, D)
         self.register_buffer("pe", sinusoidal_table(256, D), persistent=False)
-        self.core = nn.Transformer(D, H, LAYERS, LAYERS, FF, dropout=0.1, batch_first=True)
+        self.core = nn.Transformer(D, H, LAYERS, LAYERS, FF, dropout=0.0, batch_first=True)
         self.head = nn.Linear(D, V, bias=False)
         self.head.weight = self.embed.weight
 
@@ -68,120 +80,173 @@ def marian() -> nn.Module:
     cfg = MarianConfig(
         vocab_size=V, d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS,
         encoder_attention_heads=H, decoder_attention_heads=H, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
-        max_position_embeddings=256, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+        max_position_embeddings=256, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
         activation_function="relu", pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
         forced_eos_token_id=None, scale_embedding=True, share_encoder_decoder_embeddings=True,
     )  # fmt: skip
     return MarianMTModel(cfg)
 
 
-def train_step_time(model: nn.Module, kind: str, repeat: int) -> float:
+BUILD = {"aiayn": ours, "torch.nn.Transformer": TorchTransformer, "hf-marian": marian}
+
+
+def autocast(dtype: str) -> torch.autocast:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
+def measure_train(case: dict[str, Any]) -> dict[str, float]:
+    """Median seconds of one optimizer step, after two untimed ones."""
+    from bench_common import median_time
+
+    torch.manual_seed(0)
+    impl = case["impl"]
+    model = BUILD[impl]().train()
     g = torch.Generator().manual_seed(0)
     src = torch.randint(3, V, (PAIRS, LEN), generator=g)
     tgt = torch.randint(3, V, (PAIRS, LEN + 1), generator=g)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
-    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     def step() -> None:
-        if kind == "marian":
-            logits = model(input_ids=src, decoder_input_ids=tgt[:, :-1]).logits
-        else:
-            logits = model(src, tgt[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), label_smoothing=0.1)
+        with autocast(case["dtype"]):
+            if impl == "aiayn":
+                loss = model(src, tgt[:, :-1], targets=tgt[:, 1:], label_smoothing=0.1)
+            else:
+                if impl == "hf-marian":
+                    logits = model(input_ids=src, decoder_input_ids=tgt[:, :-1]).logits
+                else:
+                    logits = model(src, tgt[:, :-1])
+                loss = F.cross_entropy(
+                    logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), label_smoothing=0.1
+                )
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return median_time(step, repeat)
+    return {"s": median_time(step, case["repeat"])}
+
+
+def sources(case: dict[str, Any]) -> torch.Tensor:
+    """Random ids at the lengths of real Multi30k test sentences (BPE-like: words + 4)."""
+    lines = read_lines(Path(case["data"]) / "multi30k" / "test_2016_flickr.de.gz")
+    lines = lines[: case["sentences"]]
+    g = torch.Generator().manual_seed(0)
+    lengths = [min(len(line.split()) + 4, 40) for line in lines]
+    src = torch.full((len(lines), max(lengths)), PAD, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(3, V, (n,), generator=g)
+    return src
+
+
+def measure_beam(case: dict[str, Any]) -> dict[str, float]:
+    """Seconds to decode every sentence, ``batch`` sentences at a time."""
+    torch.manual_seed(0)
+    src, batch = sources(case), case["batch"]
+    model = (ours() if case["impl"] == "aiayn" else marian()).eval()
+    if case["dtype"] == "bfloat16":
+        model = model.to(torch.bfloat16)
+    chunks = [src[i : i + batch] for i in range(0, len(src), batch)]
+    chunks = [c[:, : int((c != PAD).sum(1).max())] for c in chunks]  # no all-PAD columns
+
+    def decode(c: torch.Tensor) -> None:
+        if case["impl"] == "aiayn":
+            config = BeamConfig(beam_size=4, length_penalty=0.6, max_extra=50)
+            # EOS masked, as HF's min_new_tokens masks it: both decode to the length limit
+            beam_search(model, c, bos=BOS, eos=EOS, config=config, never=(EOS,))
+        else:
+            n = c.shape[1] + 50
+            model.generate(
+                input_ids=c, attention_mask=c != PAD, num_beams=4, length_penalty=0.6,
+                early_stopping=True, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+            )  # fmt: skip
+
+    with torch.no_grad():
+        decode(chunks[0][:1, :8])  # warm-up, untimed
+        t0 = time.perf_counter()
+        for c in chunks:
+            decode(c)
+    return {"s": time.perf_counter() - t0}
+
+
+def measure(case: dict[str, Any]) -> dict[str, float]:
+    return measure_train(case) if case["what"] == "train" else measure_beam(case)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--sentences", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5, help="timed training steps per process")
+    ap.add_argument("--sentences", type=int, default=64, help="beam search at batch 64")
+    ap.add_argument("--sentences-b1", type=int, default=8, help="beam search at batch 1")
+    ap.add_argument("--quick", action="store_true", help="1 round, 2 steps: a smoke run")
     ap.add_argument("--data", default=None)
-    ap.add_argument("--json", default="benchmarks/results/translation_speed.json")
+    ap.add_argument(
+        "--json", default=None, help="default benchmarks/results/translation_speed_DTYPE.json"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.repeat, args.sentences, args.sentences_b1 = 1, 2, 8, 2
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    mm_rate, onednn_rate = matmul_rates()
-    print(
-        f"fp32 matmul: torch.mm {mm_rate:.0f} GFLOP/s, oneDNN {onednn_rate:.0f} GFLOP/s, {args.threads} threads\n"
-    )
-    results: dict[str, Any] = {
-        "threads": args.threads,
-        "mm_gflops": mm_rate,
-        "onednn_gflops": onednn_rate,
-    }
+    common = {"dtype": args.dtype, "threads": args.threads, "data": str(data_dir(args.data))}
+    rates = host_rates()
+    print(f"{rates_line(rates)}; {args.threads} threads; {args.dtype}; {args.rounds} rounds\n")
+    results: dict[str, Any] = {"args": vars(args), "rates_before": rates}
 
-    model = ours()
-    flops = training_flops_per_token(model.config, LEN) * PAIRS * LEN
-    tokens = PAIRS * LEN * 2  # source + target tokens per step
-    print(
-        f"{'training':<24}{'ms/step':>9}{'tokens/s':>10}{'MFU(mm)':>9}{'MFU(oneDNN)':>12}{'vs aiayn':>10}"
-    )
-    rows: dict[str, dict[str, float]] = {}
-    for name, build, kind in (
-        ("aiayn", ours, "ours"),
-        ("torch.nn.Transformer", TorchTransformer, "torch"),
-        ("hf-marian", marian, "marian"),
-    ):
-        try:
-            sec = train_step_time(build(), kind, args.repeat)
-        except ImportError as err:
-            print(f"{name:<24} skipped: {err}")
-            continue
-        rows[name] = {
-            "ms_per_step": sec * 1e3,
-            "tokens_per_s": tokens / sec,
-            "mfu_mm": flops / sec / (mm_rate * 1e9),
-            "mfu_onednn": flops / sec / (onednn_rate * 1e9),
-        }
-    for name, r in rows.items():
-        print(
-            f"{name:<24}{r['ms_per_step']:>9.0f}{r['tokens_per_s']:>10,.0f}{r['mfu_mm']:>9.1%}{r['mfu_onednn']:>12.1%}{r['ms_per_step'] / rows['aiayn']['ms_per_step']:>9.2f}x"
-        )
-    results["train"] = rows
-
-    lines = read_lines(data_dir(args.data) / "multi30k" / "test_2016_flickr.de.gz")[
-        : args.sentences
+    train_cases = [
+        {"name": impl, "what": "train", "impl": impl, "repeat": args.repeat, **common}
+        for impl in BUILD
     ]
-    g = torch.Generator().manual_seed(0)
-    lengths = [min(len(line.split()) + 4, 40) for line in lines]  # BPE-like lengths
-    src = torch.full((len(lines), max(lengths)), PAD, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        src[i, :n] = torch.randint(3, V, (n,), generator=g)
-    model = ours().eval()
-    t0 = time.perf_counter()
-    beam_search(
-        model,
-        src,
-        bos=BOS,
-        eos=EOS,
-        config=BeamConfig(beam_size=4, length_penalty=0.6, max_extra=50),
-    )
-    ours_s = time.perf_counter() - t0
-    try:
-        hf = marian().eval()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            hf.generate(
-                input_ids=src, attention_mask=src != PAD, num_beams=4, length_penalty=0.6, early_stopping=True,
-                max_new_tokens=max(lengths) + 50, min_new_tokens=max(lengths) + 50, do_sample=False,
-            )  # fmt: skip
-        hf_s = time.perf_counter() - t0
-    except ImportError as err:
-        print(f"hf-marian generate skipped: {err}")
-        hf_s = float("nan")
-    n = len(lines)
+    got = interleaved(__file__, train_cases, args.rounds)
+    flops = training_flops_per_token(ours().config, LEN) * PAIRS * LEN
+    mm = rates["mm_bf16_gflops" if args.dtype == "bfloat16" else "best_fp32_gflops"] * 1e9
     print(
-        f"\nbeam search (beam 4), {n} sentences: aiayn {n / ours_s:.1f} sentences/s, HF Marian {n / hf_s:.1f} sentences/s, ratio {hf_s / ours_s:.2f}x"
+        f"{'training step':<24}{'ms/step':>22}{'src+tgt tok/s':>15}{'MFU':>7}{'aiayn faster':>14}"
     )
-    results["beam"] = {"sentences": n, "aiayn_s": ours_s, "hf_s": hf_s, "ratio": hf_s / ours_s}
-    out = Path(args.json)
+    rows: dict[str, Any] = {}
+    for impl, runs in got.items():
+        if runs:
+            rows[impl] = spread([r["s"] * 1e3 for r in runs])
+    for impl, ms in rows.items():
+        sec = ms["median"] / 1e3
+        ratio = ms["median"] / rows["aiayn"]["median"] if "aiayn" in rows else math.nan
+        rows[impl] |= {
+            "tokens_per_s": 2 * PAIRS * LEN / sec,
+            "mfu": flops / sec / mm,
+            "aiayn_faster": ratio,
+        }
+        print(
+            f"{impl:<24}{cell(ms):>22}{2 * PAIRS * LEN / sec:>15,.0f}{flops / sec / mm:>7.1%}{ratio:>13.2f}x"
+        )
+    results["train_ms_per_step"] = rows
+
+    beam_cases = [
+        {"name": f"b{b}/{impl}", "what": "beam", "impl": impl, "batch": b, "sentences": n, **common}
+        for b, n in ((64, args.sentences), (1, args.sentences_b1))
+        for impl in ("aiayn", "hf-marian")
+    ]
+    got = interleaved(__file__, beam_cases, args.rounds)
+    print(f"\n{'beam search (beam 4)':<24}{'sentences/s':>22}{'aiayn faster':>14}")
+    beams: dict[str, Any] = {}
+    for case in beam_cases:
+        runs = got[case["name"]]
+        if runs:
+            beams[case["name"]] = spread([case["sentences"] / r["s"] for r in runs])
+    for b in (64, 1):
+        ours_s, hf_s = beams.get(f"b{b}/aiayn"), beams.get(f"b{b}/hf-marian")
+        ratio = ours_s["median"] / hf_s["median"] if ours_s and hf_s else math.nan
+        for name, sp in ((f"b{b}/aiayn", ours_s), (f"b{b}/hf-marian", hf_s)):
+            if sp is not None:
+                sp["aiayn_faster"] = 1.0 if name.endswith("aiayn") else ratio
+                print(
+                    f"{'batch ' + str(b) + ' ' + name.split('/')[1]:<24}{cell(sp, '.2f'):>22}{sp['aiayn_faster']:>13.2f}x"
+                )
+    results["beam_sentences_per_s"] = beams
+    results["rates_after"] = host_rates()
+    print(f"\nafter: {rates_line(results['rates_after'])}")
+    out = Path(args.json or f"benchmarks/results/translation_speed_{args.dtype}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")
@@ -189,4 +254,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if not child_main(measure):
+        sys.exit(main())

@@ -103,8 +103,10 @@ def stream(
             packing.enter_context(packed_for_inference(model, rows=b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        if b == 1 and device.type == "cpu":
-            torch.set_num_threads(1)  # the steps' products run in BLAS's own threads
+        if b == 1 and device.type == "cpu" and logits.dtype == torch.float32:
+            # The steps' products run in BLAS's own threads (the fp32 one-row path of
+            # aiayn/nn/linear.py); other dtypes stay on torch's threads.
+            torch.set_num_threads(1)
         slides = p + max_new_tokens > cfg.max_len
         if slides:  # (B, P + N): every token, to re-read the last max_len - 1 when full
             history = torch.cat([ids, ids.new_zeros(b, max_new_tokens)], 1)
