@@ -13,7 +13,8 @@ implementations interleaved round by round, medians with min-max (benchmarks/rou
    autocast with ``--dtype bfloat16``), warm-up, repeats, no dropout, and the same optimizer
    (``torch.optim.AdamW(fused=True)``).  aiayn runs its trainer's path: the fused
    cross-entropy (``model(x, targets=y)``) and, in fp32, oneDNN linears only if they measure
-   faster than MKL on this host at this shape (the probe the trainer runs).
+   faster than MKL on this host at this shape (the probe the trainer runs); in fp32 the row
+   "aiayn-mkl" forces MKL, to show how much of the result is the host's oneDNN.
 2. Generation: tokens/s for 256 new tokens after a 32-token prompt, greedy, batch 1 and 8,
    against HF ``generate`` with its cache, on identical weights (bf16 weights for both with
    ``--dtype bfloat16``).
@@ -81,6 +82,8 @@ def x_transformers(s: dict[str, int]) -> torch.nn.Module:
 
 
 BUILD = {"aiayn": ours, "hf-gpt2-sdpa": hf_gpt2, "x-transformers": x_transformers}
+# aiayn with MKL's linears forced (no oneDNN): how much of its fp32 lead is this host's oneDNN.
+VARIANTS = {"aiayn-mkl": ours}
 GEN_SHAPES = {
     "6L-384": SHAPES["6L-384"],
     "gpt2-small-shape": dict(n_layers=12, n_heads=12, d_model=768, block=320, batch=1, vocab=50257),
@@ -95,7 +98,7 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
 
     s, impl = SHAPES[case["shape"]], case["impl"]
     torch.manual_seed(0)
-    model = BUILD[impl](s).train()
+    model = {**BUILD, **VARIANTS}[impl](s).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
     y = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
@@ -108,7 +111,7 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not fp32):
-            if impl == "aiayn":
+            if impl.startswith("aiayn"):
                 loss = model(x, targets=y)
             else:
                 out = model(x)
@@ -220,7 +223,7 @@ def main() -> int:
                     "repeat": args.repeat,
                     **common,
                 }
-                for impl in BUILD
+                for impl in [*BUILD, *(VARIANTS if args.dtype == "float32" else {})]
             ]
             got = interleaved(__file__, cases, args.rounds)
             rows = {
