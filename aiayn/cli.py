@@ -182,7 +182,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"aiayn demo: {args.config}, {run.train.max_steps} steps of about"
         f" {run.train.max_tokens} tokens, on {root / 'multi30k'}"
         f" (this host: torch.mm at {matmul_gflops():.0f} GFLOP/s in fp32,"
-        f" {torch.get_num_threads()} threads)"
+        f" {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''})"
     )
     if resume:
         print(f"continuing the demo run in {rd.root}")
