@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
+
+from ab_rounds import alternate, row
 
 CHILD = r"""
 import json, sys, time, torch
@@ -65,20 +66,15 @@ def main() -> int:
     print(
         f"torch.mm fp32 {matmul_gflops(2048):.0f} GFLOP/s, {args.threads} threads, {args.rounds} rounds"
     )
-    print(f"{'shape':<12}{'batch':>6}{'before tok/s':>22}{'after tok/s':>22}{'after/before':>14}")
+    print(f"{'shape / batch':<18}{'before tok/s':>24}{'after tok/s':>24}{'after/before':>14}")
     for name, shape in SHAPES.items():
         for batch in args.batches:
-            times: dict[str, list[float]] = {"before": [], "after": []}
-            for r in range(args.rounds):
-                order = ("before", "after") if r % 2 == 0 else ("after", "before")
-                for which in order:
-                    times[which].append(run(getattr(args, which), shape, batch, args.threads))
-            med = {k: statistics.median(v) for k, v in times.items()}
-            cells = {k: f"{med[k]:.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in times.items()}
-            print(
-                f"{name:<12}{batch:>6}{cells['before']:>22}{cells['after']:>22}{med['after'] / med['before']:>13.2f}x",
-                flush=True,
-            )
+
+            def measure(which: str, shape: dict[str, int] = shape, batch: int = batch) -> float:
+                return run(getattr(args, which), shape, batch, args.threads)
+
+            got = alternate(measure, args.rounds)
+            print(row(f"{name} b{batch}", got, 18), flush=True)
     print(f"matmul after: {matmul_gflops(2048):.0f} GFLOP/s")
     return 0
 

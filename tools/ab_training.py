@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from ab_rounds import alternate, row
 
 # name -> (config in the AFTER tree, used by both trees so that both train the same model;
 # overrides)
@@ -63,19 +64,13 @@ def main() -> int:
     print(f"torch.mm fp32 {matmul_gflops(2048):.0f} GFLOP/s, {args.rounds} rounds")
     print(f"{'case':<36}{'before tok/s':>24}{'after tok/s':>24}{'after/before':>14}")
     for name, (config, overrides) in CASES.items():
-        rates: dict[str, list[float]] = {"before": [], "after": []}
-        for r in range(args.rounds):
-            order = ("before", "after") if r % 2 == 0 else ("after", "before")
-            for which in order:
-                tree = before if which == "before" else after
-                rates[which].append(run(tree, str(Path(after) / config), overrides, data))
-        med = {k: statistics.median(v) for k, v in rates.items()}
-        cells = {k: f"{med[k]:,.0f} ({min(v):,.0f}-{max(v):,.0f})" for k, v in rates.items()}
-        print(
-            f"{name:<36}{cells['before']:>24}{cells['after']:>24}"
-            f"{med['after'] / med['before']:>13.2f}x",
-            flush=True,
-        )
+
+        def measure(which: str, config: str = config, overrides: list[str] = overrides) -> float:
+            tree = before if which == "before" else after
+            return run(tree, str(Path(after) / config), overrides, data)
+
+        got = alternate(measure, args.rounds)
+        print(row(name, got, 36), flush=True)
     print(f"torch.mm fp32 after: {matmul_gflops(2048):.0f} GFLOP/s")
     return 0
 
