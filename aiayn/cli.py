@@ -393,6 +393,12 @@ def _evaluate_translation(
     return 0
 
 
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
+    )
+
+
 def _add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int, default=4, help="beam size (§6.1: 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (§6.1: 0.6)")
@@ -440,9 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="config overrides"
     )
     p.add_argument("--sentences", type=int, default=200, help="test sentences to score")
-    p.add_argument(
-        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
-    )
+    _add_device(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a model from a TOML config (see configs/)")
@@ -458,9 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="e.g. train.max_steps=100"
     )
-    p.add_argument(
-        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
-    )
+    _add_device(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("generate", help="continue a prompt with a language model, streaming")
@@ -474,9 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", help="stop once this text appears (repeatable)")
     p.add_argument("--truncate", action="store_true", help="keep the end of an over-long prompt")
-    p.add_argument(
-        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
-    )
+    _add_device(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("evaluate", help="validation loss, perplexity and bits per character")
@@ -490,9 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--output", default=None, help="write the translations to this file")
     _add_decoding(p)
-    p.add_argument(
-        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
-    )
+    _add_device(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("translate", help="translate lines (stdin -> stdout, or files)")
@@ -502,9 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--truncate", action="store_true", help="cut over-long lines instead of failing")
     _add_decoding(p)
-    p.add_argument(
-        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
-    )
+    _add_device(p)
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("average", help="average model checkpoints (§6.1)")
@@ -563,9 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-body", type=int, default=64 * 1024, help="largest request body in bytes (413 above)"
     )
-    p.add_argument(
-        "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
-    )
+    _add_device(p)
     p.set_defaults(func=cmd_explore)
     return parser
 

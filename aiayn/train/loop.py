@@ -192,9 +192,9 @@ def fit(
     if dtype != torch.float32 or device.type != "cpu":
         logger.note(f"training on {device} in {str(dtype).removeprefix('torch.')} autocast")
     kernels = {} if state is None else dict(state.kernels)
+    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if "linear" not in kernels:
         kernels["linear"] = "mkl" if tc.linear_kernel == "auto" else tc.linear_kernel
-        cpu_fp32 = device.type == "cpu" and dtype == torch.float32
         if tc.linear_kernel == "auto" and task.fixed_rows is not None and cpu_fp32:
             d = model.config.d_model
             speedup = onednn_speedup(task.fixed_rows, d, 4 * d)
@@ -205,7 +205,7 @@ def fit(
                 f" ({d}, {4 * d}) here)"
             )
     # oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused.
-    onednn = kernels["linear"] == "onednn" and device.type == "cpu" and dtype == torch.float32
+    onednn = kernels["linear"] == "onednn" and cpu_fp32
 
     def checkpoint(done: int) -> None:
         # Gathering a sharded model or optimizer is collective: every rank takes part.

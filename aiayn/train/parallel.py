@@ -74,15 +74,21 @@ def saveable_model(model: TransformerModel) -> TransformerModel:
         )
         if dist.get_rank() != 0:
             return model
-        with torch.device("cpu"):
-            copy = build_model(model.config)
+        copy = _cpu_copy(model)
         copy.load_state_dict(full)
         return copy
     if next(model.parameters()).device.type == "cpu":
         return model
-    copy = build_model(model.config)
+    copy = _cpu_copy(model)
     copy.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     return copy
+
+
+def _cpu_copy(model: TransformerModel) -> TransformerModel:
+    """A CPU model of the same config, to load weights into.  Its initialisation draws from
+    the CPU RNG: forked, so that a checkpoint or snapshot leaves the run's stream untouched."""
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        return build_model(model.config)
 
 
 def _names(model: nn.Module) -> dict[int, str]:

@@ -95,7 +95,8 @@ class TrainStep:
             finite = math.isfinite(total)
             if finite:
                 self.scaler.unscale_(self.optimizer)
-                self._clip()
+                if self.tc.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
                 self.scaler.step(self.optimizer)  # skipped by the scaler if a gradient overflowed
             self.scaler.update()
         else:
