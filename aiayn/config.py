@@ -33,6 +33,7 @@ from aiayn import registry
 Arch = Literal["encoder-decoder", "decoder", "encoder"]
 NormPosition = Literal["post", "pre"]
 Init = Literal["xavier", "scaled-normal"]
+Score = Literal["dot", "additive"]
 # Pluggable parts are named by strings checked against aiayn/registry.py, so that a new one is
 # one module and one registry line.
 Positional = str
@@ -44,6 +45,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "arch": get_args(Arch),
     "norm_position": get_args(NormPosition),
     "init": get_args(Init),
+    "attention_score": get_args(Score),
 }
 _REGISTERED = {  # field -> kind in aiayn.registry
     "positional": "positional",
@@ -90,6 +92,13 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
     tie_embeddings: bool = True  # share input embeddings and the output projection, §3.4
     attention_backend: BackendName = "sdpa"
+    # Ablations of Table 3 and seed 003 (aiayn/experiment.py runs them): Bahdanau's additive
+    # score w^T tanh(q + k) in place of the dot product (aiayn/nn/additive.py); Eq. (1)
+    # without its 1/sqrt(d_k); every sublayer without its residual connection (§3.1's
+    # "x + Sublayer(x)" becomes "Sublayer(x)").
+    attention_score: Score = "dot"
+    attention_scale: bool = True
+    residual: bool = True
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
     # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
     sliding_window: int | None = None
@@ -139,6 +148,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise _fail(name, value, "a probability in [0, 1)")
+        for name in ("attention_scale", "residual"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(name, getattr(self, name), "true or false")
         if self.sliding_window is not None and self.arch == "encoder":
             raise _fail(
                 "sliding_window", self.sliding_window, "None for arch='encoder' (it is causal)"

@@ -62,12 +62,18 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _files(folder: Path) -> list[Path]:
+    """Every file under ``folder``, subfolders included (a sharded checkpoint's ``dcp/``)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
 def write_manifest(folder: Path) -> None:
-    """Record every file's size and SHA-256 in ``manifest.json`` (written last)."""
+    """Record every file's size and SHA-256 in ``manifest.json`` (written last); files in
+    subfolders are named by their path relative to ``folder``."""
     files = {
-        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in sorted(folder.iterdir())
-        if p.is_file() and p.name != MANIFEST_FILE
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in _files(folder)
+        if p.relative_to(folder).as_posix() != MANIFEST_FILE
     }
     (folder / MANIFEST_FILE).write_text(json.dumps({"format": 1, "files": files}, indent=1))
 
@@ -161,25 +167,46 @@ def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], None
     On any failure the temporary folder is removed and an existing ``target`` is untouched.
     """
     target = Path(target)
+    tmp = begin_folder(target)
+    with _named_write_errors(target), _removed_on_failure(tmp):
+        fill(tmp)
+    commit_folder(tmp, target)
+    return target
+
+
+def begin_folder(target: Path) -> Path:
+    """The first half of :func:`write_atomically`: a new temporary folder beside ``target``
+    (after repairing what an earlier crash left there).  Several processes may fill it (a
+    sharded checkpoint: every rank writes its shard) before one calls :func:`commit_folder`."""
     if target.exists() and not target.is_dir():
         raise ValueError(f"cannot write to {target}: it exists and is not a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     recover(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{TMP_MARK}", dir=target.parent))
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}{TMP_MARK}", dir=target.parent))
+
+
+def commit_folder(tmp: Path, target: Path) -> None:
+    """The second half: manifest, flush every file and folder, move ``tmp`` to ``target`` in
+    one step.  On failure ``tmp`` is removed and an existing ``target`` is untouched."""
+    with _named_write_errors(target), _removed_on_failure(tmp):
+        fs_step("files-written")
+        write_manifest(tmp)
+        for f in _files(tmp):
+            fsync_path(f)
+        for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+            fsync_path(d)
+        fsync_path(tmp)
+        fs_step("files-synced")
+        _move_into_place(tmp, target)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp: Path) -> Iterator[None]:
     try:
-        with _named_write_errors(target):
-            fill(tmp)
-            fs_step("files-written")
-            write_manifest(tmp)
-            for f in tmp.iterdir():
-                fsync_path(f)
-            fsync_path(tmp)
-            fs_step("files-synced")
-            _move_into_place(tmp, target)
+        yield
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:

@@ -3,7 +3,8 @@
 A saved model is a folder::
 
     config.json        the ModelConfig (self-describing: enough to rebuild the model)
-    model.safetensors  the weights (tied tensors stored once; never pickled)
+    model.safetensors  the weights (tied tensors stored once; never pickled), or dcp/ in a
+                       sharded training checkpoint (aiayn/checkpoint/sharded.py)
     manifest.json      every file's size and SHA-256, checked when the folder is loaded
 
 The folder is written by :func:`aiayn.checkpoint.atomic.write_atomically`: a crash leaves the
@@ -20,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from aiayn.checkpoint.atomic import recover, verify_manifest, write_atomically
+from aiayn.checkpoint.sharded import is_sharded_checkpoint, load_model_weights
 from aiayn.config import ModelConfig
 from aiayn.models import TransformerModel, build_model
 
@@ -27,9 +29,13 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
+def write_config(model: TransformerModel, folder: Path) -> None:
+    (folder / CONFIG_FILE).write_text(model.config.to_json())
+
+
 def write_model(model: TransformerModel, folder: Path) -> None:
     """Write config.json and model.safetensors into an existing (temporary) folder."""
-    (folder / CONFIG_FILE).write_text(model.config.to_json())
+    write_config(model, folder)
     save_model(model, str(folder / WEIGHTS_FILE), metadata={"format": "pt", "library": "aiayn"})
 
 
@@ -63,10 +69,15 @@ def read_config(directory: str | os.PathLike[str]) -> ModelConfig:
 
 
 def load(directory: str | os.PathLike[str], *, device: str = "cpu") -> TransformerModel:
-    """Rebuild the model saved in ``directory`` and load its weights (strictly)."""
+    """Rebuild the model saved in ``directory`` and load its weights (strictly), from
+    model.safetensors or, in a sharded checkpoint, from its ``dcp/`` shards."""
     path = checked_folder(directory)
     config = read_config(path)
     weights = path / WEIGHTS_FILE
+    if not weights.is_file() and is_sharded_checkpoint(path):
+        model = build_model(config)
+        load_model_weights(path, model)
+        return model.to(device)
     if not weights.is_file():
         raise ValueError(f"no saved model at {path}: {WEIGHTS_FILE} is missing")
     model = build_model(config)

@@ -5,6 +5,8 @@
     RUN/
       checkpoint -> checkpoints/step_000001500   the latest complete checkpoint (a symlink)
       checkpoints/step_000001500/                model, tokenizer, run config, train_state.pt
+                                                 (model and optimizer as dcp/ shards in a
+                                                 sharded run: aiayn/checkpoint/sharded.py)
       snapshots/step_*/                          model-only copies kept for averaging (§6.1)
       log.csv                                    one row per step, exactly once
 
@@ -27,6 +29,7 @@ uninterrupted one does.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -35,9 +38,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
-from aiayn.checkpoint.atomic import TMP_MARK, fs_step, fsync_path, write_atomically
-from aiayn.checkpoint.bundle import Bundle, load_bundle, save_bundle, write_bundle_files
+from aiayn.checkpoint.atomic import (
+    TMP_MARK,
+    begin_folder,
+    commit_folder,
+    fs_step,
+    fsync_path,
+    write_atomically,
+)
+from aiayn.checkpoint.bundle import (
+    RUN_FILE,
+    TOKENIZER_FILE,
+    Bundle,
+    load_bundle,
+    save_bundle,
+    write_bundle_files,
+)
+from aiayn.checkpoint.model import write_config
+from aiayn.checkpoint.sharded import save_sharded
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
 
@@ -63,6 +84,9 @@ class TrainState:
     # Kernel choices made at the run's start (e.g. {"linear": "onednn"}): a resumed run keeps
     # them, so that its numerics do not change with a host's speed at the moment of resuming.
     kernels: dict[str, str] = field(default_factory=dict)
+    # True when the model and the optimizer are in the folder's dcp/ shards (``optimizer``
+    # is then empty): aiayn/checkpoint/sharded.py.
+    sharded: bool = False
 
 
 def step_dir_name(step: int) -> str:
@@ -192,6 +216,47 @@ class RunDir:
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
         fs_step("old-removed")
+        return target
+
+    def save_sharded_checkpoint(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        tokenizer: Tokenizer,
+        run: dict[str, Any],
+        state: TrainState,
+    ) -> Path:
+        """Commit a checkpoint whose model and optimizer every rank writes as its own shard
+        (collective: every process calls it; aiayn/checkpoint/sharded.py).  ``state`` and the
+        other files come from rank 0, which commits the folder as :meth:`save_checkpoint`."""
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        target = self.checkpoints / step_dir_name(state.step)
+        tmp: list[Path | None] = [None]
+        if rank == 0:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            tmp[0] = begin_folder(target)
+        if dist.is_available() and dist.is_initialized():
+            dist.broadcast_object_list(tmp, src=0)
+        folder = tmp[0]
+        assert folder is not None
+        try:
+            save_sharded(folder, model, optimizer)
+            if rank == 0:
+                write_config(model, folder)  # type: ignore[arg-type]
+                tokenizer.save(folder / TOKENIZER_FILE)
+                (folder / RUN_FILE).write_text(json.dumps(run, indent=2))
+                torch.save(asdict(state), folder / STATE_FILE)
+        except BaseException:
+            if rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if rank == 0:
+            commit_folder(folder, target)
+            self._point_at(target)
+            for _, old in self._complete():
+                if old != target:
+                    shutil.rmtree(old, ignore_errors=True)
+            fs_step("old-removed")
         return target
 
     def save_snapshot(

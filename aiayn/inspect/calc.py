@@ -14,6 +14,8 @@ Conventions:
   projection included even when it is tied to the embedding; embedding lookups, position
   tables, biases and norms left out), L the attention sublayers, T the keys each query sees and
   d_attn = n_heads · d_head.  Causal masking is *not* halved (PaLM does not either).
+  Additive scores (``attention_score = "additive"``) cost ``15·L·T·d_attn``: the sum q + k
+  adds one FLOP per pair and dimension to the multiply-add (tanh is not counted).
 * Bytes use binary units: 1 KiB = 1024 B, 1 GiB = 1024³ B.
 """
 
@@ -92,6 +94,12 @@ def _attention_weights(c: ModelConfig) -> int:
     return c.d_model * (q + 2 * kv) + q * c.d_model
 
 
+def _attention_score_weights(c: ModelConfig) -> int:
+    """The per-head vector w of additive scores w^T tanh(q + k) (aiayn/nn/additive.py): used
+    once per query-key pair, so it counts in the attention FLOPs, not in N_matmul."""
+    return c.n_heads * c.head_dim if c.attention_score == "additive" else 0
+
+
 def _attention_biases(c: ModelConfig) -> int:
     q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
     return (q + 2 * kv + c.d_model) if c.bias else 0
@@ -151,7 +159,9 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
         tokens = v * d
     positions = n_stacks * c.max_len * d if c.positional == "learned" else 0
 
-    attention = (blocks + cross) * (_attention_weights(c) + _attention_biases(c))
+    attention = (blocks + cross) * (
+        _attention_weights(c) + _attention_biases(c) + _attention_score_weights(c)
+    )
     feed_forward = blocks * _ffn_sublayer(c)
     final = n_stacks if c.norm_position == "pre" else 0
     norms = (2 * blocks + cross + final) * _norm(c, c.bias)
@@ -220,7 +230,11 @@ def training_flops_per_token(config: ModelConfig, context: int) -> int:
     """
     c = config
     d_attn = c.n_heads * c.head_dim
-    return 6 * matmul_parameters(c) + 12 * _attention_span_sum(c, context) * d_attn
+    # Per query-key pair and head dimension, forward: the score (2: multiply-add; additive
+    # scores 3: the sum q + k, then the multiply-add with w -- tanh is not counted) and the
+    # weighted value (2); backward twice that.
+    per_pair = 12 if c.attention_score == "dot" else 15
+    return 6 * matmul_parameters(c) + per_pair * _attention_span_sum(c, context) * d_attn
 
 
 def forward_flops_per_token(config: ModelConfig, context: int) -> int:

@@ -55,6 +55,32 @@ class Backend(Protocol):
     ) -> tuple[Tensor, Tensor | None]: ...
 
 
+def masked_softmax(
+    scores: Tensor, mask: Tensor | None, *, is_causal: bool, window: int | None
+) -> Tensor:
+    """softmax over the last axis of (..., T, S) ``scores`` after the structural (causal,
+    window) and explicit masks; a row with no allowed key gets all-zero weights, not NaN."""
+    t, s = scores.shape[-2], scores.shape[-1]
+    masked = False
+    structural = structural_mask(t, s, is_causal, window, scores.device)
+    if structural is not None:
+        scores = scores.masked_fill(~structural, float("-inf"))
+        masked = True
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+        masked = True
+    if not masked:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    # Rows with no allowed key would be softmax(-inf, ..., -inf) = NaN: make them zeros.
+    dead = scores.amax(dim=-1, keepdim=True) == float("-inf")  # (..., T, 1)
+    scores = scores.masked_fill(dead, 0.0)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    return weights.masked_fill(dead, 0.0)
+
+
 def reference_backend(
     q: Tensor,
     k: Tensor,
@@ -68,7 +94,6 @@ def reference_backend(
     return_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q K^T · scale + mask) V, written out (Eq. 1)."""
-    t, s = q.shape[-2], k.shape[-2]
     groups = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
     if groups > 1:  # GQA: (B, H, T, D) -> (B, H_kv, G, T, D); keys gain a broadcast G axis
         q = q.unflatten(-3, (k.shape[-3], groups))
@@ -79,25 +104,7 @@ def reference_backend(
             else:
                 mask = mask.unsqueeze(-3)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T, S)
-    masked = False
-    structural = structural_mask(t, s, is_causal, window, q.device)
-    if structural is not None:
-        scores = scores.masked_fill(~structural, float("-inf"))
-        masked = True
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask
-        masked = True
-    if masked:
-        # Rows with no allowed key would be softmax(-inf, ..., -inf) = NaN: make them zeros.
-        dead = scores.amax(dim=-1, keepdim=True) == float("-inf")  # (..., T, 1)
-        scores = scores.masked_fill(dead, 0.0)
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        weights = weights.masked_fill(dead, 0.0)
-    else:
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    weights = masked_softmax(scores, mask, is_causal=is_causal, window=window)
     mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = torch.matmul(mixed, v)  # (..., T, D)
     if groups > 1:

@@ -40,6 +40,7 @@ class Block(nn.Module):
         super().__init__()
         c = config
         self.pre_norm = c.norm_position == "pre"
+        self.residual = c.residual  # False: the ablation without residual connections
 
         def attention(is_cross: bool) -> MultiHeadAttention:
             return MultiHeadAttention(
@@ -51,6 +52,8 @@ class Block(nn.Module):
                 bias=c.bias,
                 attention_dropout=c.attention_dropout,
                 backend=c.attention_backend,
+                score=c.attention_score,
+                scaled=c.attention_scale,
                 stream=stream,
                 layer=layer,
             )
@@ -87,16 +90,20 @@ class Block(nn.Module):
             ctx.record.router.append(stats)
         return out
 
+    def _add(self, x: Tensor, h: Tensor) -> Tensor:
+        """The residual connection x + Dropout(h) -- or, in the ablation without it, h alone."""
+        return x + self._drop(h) if self.residual else self._drop(h)
+
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         """(B, T, C) -> (B, T, C), attending as ``ctx`` says."""
         if self.pre_norm:
-            x = x + self._drop(self.self_attn(self.norm1(x), ctx))
+            x = self._add(x, self.self_attn(self.norm1(x), ctx))
             if self.cross_attn is not None:
                 assert self.norm_cross is not None
-                x = x + self._drop(self.cross_attn(self.norm_cross(x), ctx))
-            return x + self._drop(self._feed_forward(self.norm2(x), ctx))
-        x = self.norm1(x + self._drop(self.self_attn(x, ctx)))
+                x = self._add(x, self.cross_attn(self.norm_cross(x), ctx))
+            return self._add(x, self._feed_forward(self.norm2(x), ctx))
+        x = self.norm1(self._add(x, self.self_attn(x, ctx)))
         if self.cross_attn is not None:
             assert self.norm_cross is not None
-            x = self.norm_cross(x + self._drop(self.cross_attn(x, ctx)))
-        return self.norm2(x + self._drop(self._feed_forward(x, ctx)))
+            x = self.norm_cross(self._add(x, self.cross_attn(x, ctx)))
+        return self.norm2(self._add(x, self._feed_forward(x, ctx)))

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn import registry
+from aiayn.nn.additive import additive_attention, additive_scores
 from aiayn.nn.attention import attend, attention_scores
 from aiayn.nn.context import AttentionRecord, Context
 from aiayn.nn.linear import Linear
@@ -47,6 +48,8 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         attention_dropout: float = 0.0,
         backend: str = "sdpa",
+        score: str = "dot",
+        scaled: bool = True,
         stream: str = "self",
         layer: int = 0,
     ) -> None:
@@ -61,12 +64,21 @@ class MultiHeadAttention(nn.Module):
         if backend not in registry.names("attention_backend"):
             names = ", ".join(registry.names("attention_backend"))
             raise ValueError(f"attention_backend={backend!r} is invalid: expected one of {names}")
+        if score not in ("dot", "additive"):
+            raise ValueError(f"attention score={score!r} is invalid: expected 'dot' or 'additive'")
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
         self.cross = cross
         self.attention_dropout = attention_dropout
         self.backend = backend
         self.stream, self.layer = ("cross" if cross else stream), layer
-        self.scale = 1.0 / math.sqrt(d_head)
+        # Eq. (1) divides by sqrt(d_k) "to counteract" large dot products (§3.2.1); ``scaled =
+        # False`` is the ablation that drops it.  Additive scores have no scale.
+        self.scale = 1.0 / math.sqrt(d_head) if scaled else 1.0
+        # Additive (Bahdanau) scores w_h^T tanh(q + k): one vector w_h per head
+        # (aiayn/nn/additive.py); None for the paper's dot product.
+        self.score_w: nn.Parameter | None = None
+        if score == "additive":
+            self.score_w = nn.Parameter(torch.randn(n_heads, d_head) * d_head**-0.5)
         q_dim, kv_dim = n_heads * d_head, n_kv_heads * d_head
         self.split = (q_dim, kv_dim, kv_dim)
         if cross:
@@ -122,6 +134,8 @@ class MultiHeadAttention(nn.Module):
             causal, window = ctx.causal, ctx.window
         record = ctx.record
         want = record is not None and record.wants_attention
+        if self.score_w is not None:
+            return self._additive(q, k, v, mask, causal, window, ctx)
         out, weights = attend(
             q,
             k,
@@ -142,6 +156,37 @@ class MultiHeadAttention(nn.Module):
             )
         out = out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
         return self.out(out)
+
+    def _additive(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        window: int | None,
+        ctx: Context,
+    ) -> Tensor:
+        """The same sublayer with Bahdanau's additive scores in place of Eq. (1)'s."""
+        assert self.score_w is not None
+        dropout = self.attention_dropout if self.training else 0.0
+        out, weights = additive_attention(
+            q, k, v, self.score_w, mask, is_causal=causal, window=window, dropout_p=dropout
+        )  # (B, H, T, D), (B, H, T, S)
+        record = ctx.record
+        if record is not None and record.wants_attention:
+            scores = additive_scores(q, k, self.score_w).detach().float() if record.scores else None
+            record.attention.append(
+                AttentionRecord(
+                    self.stream,
+                    self.layer,
+                    weights.detach() if record.weights else None,
+                    scores,
+                    causal,
+                    window,
+                )
+            )
+        return self.out(out.transpose(1, 2).flatten(2))  # (B, T, H*D) -> (B, T, C)
 
     @torch.no_grad()
     def load_from_torch(self, ref: nn.MultiheadAttention) -> None:

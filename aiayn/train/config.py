@@ -39,6 +39,10 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     device: str = "auto"  # "auto" (a GPU when there is one), "cpu", "cuda", "cuda:N"
     parallel: Literal["ddp", "fsdp"] = "ddp"  # several processes: replicate, or shard (FSDP2)
+    # "full": one safetensors file and one optimizer state, gathered on rank 0; "sharded":
+    # every rank writes its shard (torch.distributed.checkpoint); "auto": sharded when the
+    # model is (FSDP over several processes).  Either resumes on any number of processes.
+    checkpoint_format: Literal["auto", "full", "sharded"] = "auto"
     compile: bool = False
     threads: int | None = None
     schedule: Literal["cosine", "paper"] = "cosine"  # "paper": Eq. (3) of §5.3, lr = its factor
@@ -80,6 +84,11 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.dtype={self.dtype!r} is invalid: expected 'float32', 'bfloat16',"
                 " 'float16' or 'auto'"
+            )
+        if self.checkpoint_format not in ("auto", "full", "sharded"):
+            raise ValueError(
+                f"TrainConfig.checkpoint_format={self.checkpoint_format!r} is invalid: expected"
+                " 'auto', 'full' or 'sharded'"
             )
         if self.parallel not in ("ddp", "fsdp"):
             raise ValueError(

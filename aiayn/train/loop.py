@@ -15,9 +15,10 @@ gradient scaler).  Several processes: launched by ``torchrun``, the loop wraps t
 DistributedDataParallel or shards it with FSDP2 (aiayn/train/parallel.py; gloo on CPU, nccl
 on GPU).  Every step draws ``world × grad_accum`` micro-batches from the same data order on
 every rank, and rank r takes its share, so two processes with ``grad_accum = a`` compute
-exactly the step that one process computes with ``grad_accum = 2a``.  Only rank 0 writes logs
-and checkpoints; checkpoints hold full CPU weights and optimizer state keyed by name, so a run
-resumes on any device and any number of processes.
+exactly the step that one process computes with ``grad_accum = 2a``.  Only rank 0 writes logs;
+checkpoints hold full CPU weights and optimizer state keyed by name, or (a sharded FSDP run)
+every rank's shard through torch.distributed.checkpoint, and either resumes on any device and
+any number of processes.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from aiayn.checkpoint.run_dir import RunDir, TrainState
+from aiayn.checkpoint.sharded import load_sharded
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
 from aiayn.models import TransformerModel
@@ -42,6 +45,7 @@ from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.logger import RunLogger
 from aiayn.train.optim import build_adamw
 from aiayn.train.parallel import (
+    is_sharded,
     load_optimizer_state,
     local_device,
     optimizer_state,
@@ -159,7 +163,12 @@ def fit(
     )
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     if state is not None:
-        load_optimizer_state(model, optimizer, state.optimizer)
+        if state.sharded:
+            folder = rd.latest()
+            assert folder is not None  # the folder ``state`` was read from
+            load_sharded(folder, model, optimizer)
+        else:
+            load_optimizer_state(model, optimizer, state.optimizer)
         torch.set_rng_state(state.torch_rng)
         if device.type == "cuda" and state.cuda_rng:
             torch.cuda.set_rng_state_all(state.cuda_rng)
@@ -207,25 +216,31 @@ def fit(
     # oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused.
     onednn = kernels["linear"] == "onednn" and cpu_fp32
 
+    sharded = tc.checkpoint_format == "sharded" or (
+        tc.checkpoint_format == "auto" and is_sharded(model)
+    )
+
     def checkpoint(done: int) -> None:
+        def train_state(moments: dict[str, Any]) -> TrainState:
+            return TrainState(
+                done,
+                moments,
+                torch.get_rng_state(),
+                task.data_state(),
+                history,
+                scaler={} if scaler is None else scaler.state_dict(),
+                cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+                kernels=kernels,
+                sharded=sharded,
+            )
+
+        if sharded:  # every rank writes its own shard of the model and the optimizer
+            rd.save_sharded_checkpoint(model, optimizer, tokenizer, run_dict, train_state({}))
+            return
         # Gathering a sharded model or optimizer is collective: every rank takes part.
         saved, moments = saveable_model(model), optimizer_state(model, optimizer)
         if rank == 0:
-            rd.save_checkpoint(
-                saved,
-                tokenizer,
-                run_dict,
-                TrainState(
-                    done,
-                    moments,
-                    torch.get_rng_state(),
-                    task.data_state(),
-                    history,
-                    scaler={} if scaler is None else scaler.state_dict(),
-                    cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
-                    kernels=kernels,
-                ),
-            )
+            rd.save_checkpoint(saved, tokenizer, run_dict, train_state(moments))
 
     t0, tokens_seen, val = time.perf_counter(), 0, _last_val(history)
     skipped: list[int] = []

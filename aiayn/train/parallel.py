@@ -10,10 +10,13 @@
   it runs -- for models that do not fit on one device.  Tied weights (embeddings and output
   projection) stay together in the root's shard group.
 
-Checkpoints do not depend on any of this: the weights are gathered into one full CPU copy
-(safetensors, like any saved model) and the optimizer moments into one full state keyed by
-parameter name, so a run can resume on a different number of processes, another device, or
-with the other strategy (tests/train/test_parallel.py resumes a 2-process FSDP run on 1).
+Checkpoints do not depend on any of this.  A full checkpoint gathers the weights into one
+CPU copy (safetensors, like any saved model) and the optimizer moments into one state keyed
+by parameter name.  A sharded one (``train.checkpoint_format``, by default whenever the model
+is sharded) has every rank write its own shard through torch.distributed.checkpoint
+(aiayn/checkpoint/sharded.py), so that nothing is gathered.  Either resumes on a different
+number of processes, another device, or with the other strategy (tests/train/test_parallel.py
+resumes a 2-process sharded FSDP run on one process and a 1-process run on two).
 """
 
 from __future__ import annotations

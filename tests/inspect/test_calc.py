@@ -80,6 +80,8 @@ def _variants() -> list[ModelConfig]:
         base.replace(arch="encoder", n_kv_heads=1, d_head=3, activation="gelu_tanh"),
         base.replace(n_experts=4, experts_top_k=2),  # mixture of experts (aiayn/nn/moe.py)
         base.replace(arch="decoder", n_experts=3, experts_top_k=1, activation="swiglu"),
+        base.replace(attention_score="additive", n_kv_heads=2),  # one w per head and sublayer
+        base.replace(arch="decoder", attention_score="additive", residual=False),
     ]
     return out
 

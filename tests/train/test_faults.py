@@ -109,7 +109,15 @@ def run_cli(root: Path, out: str, extra: list[str]) -> subprocess.CompletedProce
 
 
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "checkpoint" / "model.safetensors"))
+    """The final checkpoint's weights, read from model.safetensors or from its shards."""
+    if (run / "checkpoint" / "model.safetensors").is_file():
+        return load_file(str(run / "checkpoint" / "model.safetensors"))
+    bundle, _ = RunDir(run).load()
+    return {k: v for k, v in bundle.model.state_dict().items() if k in reference_names(run)}
+
+
+def reference_names(run: Path) -> set[str]:
+    return set(load_file(str(run.parent / "reference" / "checkpoint" / "model.safetensors")))
 
 
 def assert_same_run(root: Path, out: str, reference: dict[str, torch.Tensor]) -> None:
@@ -132,21 +140,28 @@ def finish(root: Path, out: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
 @pytest.mark.parametrize("commit_step", COMMIT_STEPS)
 def test_sigkill_at_every_step_of_a_checkpoint_commit(
-    setup: tuple[Path, dict[str, torch.Tensor]], commit_step: str
+    setup: tuple[Path, dict[str, torch.Tensor]], commit_step: str, fmt: str
 ) -> None:
+    """Killed at each file-system step of the third commit, full or sharded
+    (torch.distributed.checkpoint's files, aiayn/checkpoint/sharded.py), the run resumes and
+    ends bit for bit where the uninterrupted run with full checkpoints does."""
     root, reference = setup
-    out = f"kill-{commit_step}"
+    out = f"kill-{fmt}-{commit_step}"
     cmd = [sys.executable, str(DRIVER), "--kill-at", f"{commit_step}:3", "--"]
+    extra = ["--set", f"train.checkpoint_format={fmt}"]
     killed = subprocess.run(
-        [*cmd, *train_args(root, out, [])], env=env(), capture_output=True, timeout=300
+        [*cmd, *train_args(root, out, extra)], env=env(), capture_output=True, timeout=300
     )
     assert killed.returncode == -signal.SIGKILL
     rd = RunDir(root / out)
     rd.recover()
     assert rd.latest() is not None  # never an instant without a complete checkpoint
-    finish(root, out)
+    done = run_cli(root, out, [*extra, "--resume"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (rd.latest() / "dcp").is_dir() == (fmt == "sharded")  # type: ignore[operator]
     assert_same_run(root, out, reference)
 
 

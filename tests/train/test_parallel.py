@@ -52,10 +52,17 @@ def losses(root: Path, out: str) -> list[float]:
     return [float(r.split(",")[1]) for r in rows]
 
 
+def shard_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in (folder / "dcp").glob("*.distcp"))
+
+
 def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path, Path]) -> None:
     """Four steps on 2 FSDP processes equal four on one process (with twice the gradient
-    accumulation); then both runs are resumed by a single process to step 8, the sharded one
-    from its gathered checkpoint, and still agree."""
+    accumulation).  The FSDP run's checkpoint is sharded (each rank writes its own file);
+    the single process's is full.  Then each is resumed on the other count to step 8 -- the
+    sharded one by one process that writes shards of its own, the full one by two FSDP
+    processes that write two shards -- and the two runs still agree, step for step and in
+    their final weights, read back from shards by one process."""
     root, cfg = setup
     common = ["--set", "model.dropout=0.0", "train.threads=1"]
     one = torchrun(1, root, cfg, "one", *common, "train.grad_accum=2", "train.max_steps=4")
@@ -64,13 +71,56 @@ def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path
                    "train.max_steps=4")  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
     assert losses(root, "fsdp") == pytest.approx(losses(root, "one"), rel=1e-4)
-    for out in ("one", "fsdp"):
-        more = torchrun(1, root, cfg, out, *common, "train.grad_accum=2", "train.max_steps=8",
-                        "--resume")  # fmt: skip
-        assert more.returncode == 0, more.stderr[-3000:]
+    sharded = RunDir(root / "fsdp").latest()
+    assert sharded is not None and not (sharded / "model.safetensors").exists()
+    assert shard_files(sharded) == ["__0_0.distcp", "__1_0.distcp"]
+    manifest = (sharded / "manifest.json").read_text()
+    assert "dcp/__1_0.distcp" in manifest and "dcp/.metadata" in manifest
+    assert (RunDir(root / "one").latest() / "model.safetensors").is_file()  # type: ignore[operator]
+
+    more_fsdp = torchrun(1, root, cfg, "fsdp", *common, "train.grad_accum=2", "train.max_steps=8",
+                         "train.checkpoint_format=sharded", "--resume")  # fmt: skip
+    assert more_fsdp.returncode == 0, more_fsdp.stderr[-3000:]
+    more_one = torchrun(2, root, cfg, "one", *common, "train.parallel=fsdp", "train.grad_accum=1",
+                        "train.max_steps=8", "--resume")  # fmt: skip
+    assert more_one.returncode == 0, more_one.stderr[-3000:]
     assert len(losses(root, "fsdp")) == 8
     assert losses(root, "fsdp") == pytest.approx(losses(root, "one"), rel=1e-4)
+    assert shard_files(RunDir(root / "fsdp").latest()) == ["__0_0.distcp"]  # type: ignore[arg-type]
+    assert shard_files(RunDir(root / "one").latest()) == ["__0_0.distcp", "__1_0.distcp"]  # type: ignore[arg-type]
     a, _ = RunDir(root / "one").load()
     b, _ = RunDir(root / "fsdp").load()
     for (name, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_sharded_checkpoint_in_one_process_and_a_damaged_shard_is_named(
+    setup: tuple[Path, Path],
+) -> None:
+    """One process writes a sharded checkpoint whose weights read back equal the full
+    checkpoint's of the same run; a shard altered after the commit fails the manifest check
+    with the file's name, instead of loading wrong weights."""
+    root, cfg = setup
+    run = load_run_config(
+        cfg, {"train.max_steps": 2, "train.checkpoint_format": "sharded", "model.dropout": 0.0}
+    )
+    train_lm(run, root / "s", root, progress=False)
+    full = load_run_config(
+        cfg, {"train.max_steps": 2, "train.checkpoint_format": "full", "model.dropout": 0.0}
+    )
+    train_lm(full, root / "f", root, progress=False)
+    folder = RunDir(root / "s").latest()
+    assert folder is not None and shard_files(folder) == ["__0_0.distcp"]
+    bundle, state = RunDir(root / "s").load()  # one process reads its own shards back
+    assert state.sharded and state.optimizer == {}
+    reference, _ = RunDir(root / "f").load()
+    for (name, p), q in zip(
+        bundle.model.named_parameters(), reference.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
+    shard = folder / "dcp" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="__0_0.distcp is corrupt"):
+        RunDir(root / "s").load()
