@@ -233,6 +233,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from aiayn.experiment import collect, load_sweep, run_sweep, write_report
+
+    sweep = load_sweep(args.sweep)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.sweep).stem
+    if args.report_only:
+        results = collect(sweep, out)
+    else:
+        print(f"{sweep.title}: {len(sweep.variants)} variants, {sweep.steps} steps of"
+              f" {sweep.max_tokens} tokens each, in {out}")  # fmt: skip
+        try:
+            results = run_sweep(
+                sweep, out, data_dir(args.data), only=args.only, progress=not args.quiet
+            )
+        finally:
+            write_report(sweep, collect(sweep, out), out)
+    for path in write_report(sweep, results, out):
+        print(f"wrote {path}")
+    print((out / "table.md").read_text())
+    return 0
+
+
 def _beam(args: argparse.Namespace) -> BeamConfig | None:
     if args.greedy:
         return None
@@ -533,6 +555,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("example", choices=["trophy", "not-good", "scale", "paths"])
     q.add_argument("--out", default="figures", help="folder for the PNG (default: figures/)")
     q.set_defaults(func=cmd_inspect_example)
+
+    p = sub.add_parser(
+        "experiment",
+        help="run a sweep of variants (e.g. Table 3), resumable; write its table and plot",
+    )
+    p.add_argument("sweep", help="a sweep TOML file (experiments/*.toml)")
+    p.add_argument("--out", default=None, help="its folder (default: runs/SWEEP_NAME)")
+    p.add_argument("--only", nargs="*", default=[], metavar="NAME", help="run only these variants")
+    p.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA)")
+    p.add_argument("--report-only", action="store_true", help="write the report of what is done")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser(
         "explore", help="a local web app: attention, next tokens, translations, lessons"

@@ -92,7 +92,7 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
     tie_embeddings: bool = True  # share input embeddings and the output projection, §3.4
     attention_backend: BackendName = "sdpa"
-    # Ablations of Table 3 and seed 003 (aiayn/experiment.py runs them): Bahdanau's additive
+    # Ablations of Table 3 and seed 003 (aiayn/experiment/ runs them): Bahdanau's additive
     # score w^T tanh(q + k) in place of the dot product (aiayn/nn/additive.py); Eq. (1)
     # without its 1/sqrt(d_k); every sublayer without its residual connection (§3.1's
     # "x + Sublayer(x)" becomes "Sublayer(x)").

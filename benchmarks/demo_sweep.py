@@ -7,8 +7,10 @@ Each trial is configs/demo_de_en.toml with some settings changed, trained from s
 fresh process for a fixed number of steps (never a time budget), then scored on the first
 500 validation sentences (beam 4; the test set is left for the final figure).  The table
 gives each trial's training FLOPs (6 x matrix parameters x padded tokens, both sides, plus
-the attention scores), its validation loss and BLEU, the wall time and peak memory, with the
-host's fp32 matmul rate measured in the same run.  Writes JSON.
+the attention scores; the cross-attention keys and values are now counted on the source
+side -- the recorded sweep counted them on the target side, a few per cent apart), its
+validation loss and BLEU, the wall time and peak memory, with the host's fp32 matmul rate
+measured in the same run.  Writes JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from aiayn.checkpoint import RunDir, load_bundle
 from aiayn.data.batching import token_batches
 from aiayn.data.files import data_dir
 from aiayn.device import matmul_gflops
+from aiayn.inspect.calc import translation_batch_flops
 from aiayn.train.config import load_run_config
 from aiayn.train.translate import encode_pairs, load_pairs
 
@@ -102,8 +105,9 @@ TRIALS: dict[str, list[str]] = {
 
 
 def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[float]:
-    """Cumulative training FLOPs after each step: per padded token 6 x (matrix parameters it
-    meets) plus the attention scores, over the batches the run trained on, in order."""
+    """Cumulative training FLOPs after each step, over the batches the run trained on, in
+    order (aiayn.inspect.calc.translation_batch_flops: 6 x the matrix weights each padded
+    token meets, plus the attention pairs)."""
     from aiayn.cli import _overrides
 
     run = load_run_config(CONFIG, _overrides(BASE + overrides))
@@ -111,9 +115,6 @@ def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[fl
     c = bundle.model.config
     pairs = encode_pairs(load_pairs(run, root, "train"), bundle.tokenizer)  # type: ignore[arg-type]
     lengths = [(len(s), len(t) - 1) for s, t in pairs]
-    d = c.d_model
-    attn, ffn = 4 * d * d, 2 * d * c.d_ff
-    enc_layer, dec_layer, head = attn + ffn, 2 * attn + ffn, d * c.vocab_size
     out: list[float] = []
     total, epoch = 0.0, 0
     while len(out) < run.train.max_steps:
@@ -122,13 +123,8 @@ def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[fl
         ):
             if len(out) == run.train.max_steps:
                 break
-            n, s, t = len(b), max(lengths[i][0] for i in b), max(lengths[i][1] for i in b)
-            matrices = (
-                2 * n * (c.n_layers * enc_layer * s + (c.decoder_layers * dec_layer + head) * t)
-            )
-            # QK^T and AV: encoder S^2, decoder T^2 (full, as SDPA computes it), cross T*S
-            scores = n * 2 * 2 * d * (c.n_layers * s * s + c.decoder_layers * (t * t + t * s))
-            total += 3 * (matrices + scores)  # forward + backward (2x)
+            s, t = max(lengths[i][0] for i in b), max(lengths[i][1] for i in b)
+            total += translation_batch_flops(c, len(b), s, t)
             out.append(total)
         epoch += 1
     return out

@@ -237,6 +237,26 @@ def training_flops_per_token(config: ModelConfig, context: int) -> int:
     return 6 * matmul_parameters(c) + per_pair * _attention_span_sum(c, context) * d_attn
 
 
+def translation_batch_flops(config: ModelConfig, sentences: int, source: int, target: int) -> int:
+    """Forward + backward FLOPs of one encoder-decoder training batch of ``sentences`` padded
+    to ``source`` and ``target`` tokens, padding included (it is computed): per padded token
+    6 × the matrix weights it meets (encoder layers and the cross-attention keys and values on
+    the source; the rest of the decoder layers and the output projection on the target), plus the attention pairs -- encoder S², decoder T²
+    (unmasked, as the kernels compute it) and cross T·S -- at 12 (dot) or 15 (additive) per
+    pair and head dimension, as :func:`training_flops_per_token` counts them."""
+    c = config
+    if c.arch != "encoder-decoder":
+        raise ValueError(f"translation_batch_flops needs arch='encoder-decoder', got {c.arch!r}")
+    attention, ffn = _attention_weights(c), _ffn_active_weights(c)
+    cross_kv = 2 * c.d_model * c.kv_heads * c.head_dim  # cross-attention K, V: on the source
+    encoder = c.n_layers * (attention + ffn) + c.decoder_layers * cross_kv
+    decoder = c.decoder_layers * (2 * attention - cross_kv + ffn) + c.vocab_size * c.d_model
+    d_attn = c.n_heads * c.head_dim
+    per_pair = 12 if c.attention_score == "dot" else 15
+    pairs = c.n_layers * source * source + c.decoder_layers * (target * target + target * source)
+    return sentences * (6 * (encoder * source + decoder * target) + per_pair * pairs * d_attn)
+
+
 def forward_flops_per_token(config: ModelConfig, context: int) -> int:
     """Forward-pass FLOPs per token, one third of training: ``2·N_matmul + 4·L·T·d_attn``."""
     return training_flops_per_token(config, context) // 3

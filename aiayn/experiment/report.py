@@ -1,0 +1,148 @@
+"""A sweep's results as files: JSON, CSV, a markdown table in Table 3's layout, and a plot.
+
+The markdown table follows Table 3 of the paper: the base row in full, and in every other
+row only the cells that differ from the base (blank = as in the base), then the scores --
+perplexity and BLEU on the validation set, BLEU on the test set, parameters, training FLOPs
+and minutes.  Settings Table 3 has no column for (additive scores, no scale, no residual,
+the norm's place) go in a last column.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from aiayn.experiment.spec import Sweep
+
+# (header, key in result["model"] or a callable) -- Table 3's architecture columns.
+COLUMNS: list[tuple[str, str]] = [
+    ("N", "n_layers"),
+    ("d_model", "d_model"),
+    ("d_ff", "d_ff"),
+    ("h", "n_heads"),
+    ("d_k", "d_head"),
+    ("d_v", "d_head"),
+    ("P_drop", "dropout"),
+    ("ε_ls", "label_smoothing"),
+    ("positions", "positional"),
+]
+OTHER = {  # setting -> how a non-default value reads in the "other" column
+    "attention_score": lambda v: "additive scores" if v == "additive" else "",
+    "attention_scale": lambda v: "" if v else "no 1/√d_k",
+    "residual": lambda v: "" if v else "no residual",
+    "norm_position": lambda v: f"{v}-LN",
+}
+CSV_FIELDS = [
+    "name", "row", "note", "n_layers", "d_model", "d_ff", "n_heads", "d_head", "dropout",
+    "label_smoothing", "positional", "norm_position", "attention_score", "attention_scale",
+    "residual", "params", "steps", "max_tokens", "train_target_tokens", "train_flops",
+    "train_seconds", "matmul_gflops", "val_loss", "val_ppl", "best_val_loss", "val_bleu",
+    "val_chrf", "test_bleu", "test_chrf", "diverged",
+]  # fmt: skip
+
+
+def _value(result: dict[str, Any], key: str) -> Any:
+    if key == "label_smoothing":
+        return result.get("label_smoothing")
+    return result.get("model", {}).get(key)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "" if value is None else str(value)
+
+
+def _fmt(value: Any, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def markdown_table(sweep: Sweep, results: list[dict[str, Any]]) -> str:
+    """Table 3's layout (see the module docstring)."""
+    base = next((r for r in results if r["row"] == "base"), results[0] if results else None)
+    head = ["", "variant"] + [c for c, _ in COLUMNS] + ["other", "PPL (dev)", "BLEU (dev)"]
+    head += (["BLEU (test)"] if sweep.test else []) + ["params ×10⁶", "TFLOP", "train min"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        if "model" not in r:
+            cells = [r["row"], r["name"], *[""] * (len(head) - 3), "diverged"]
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        is_base = r is base
+        cells = [r["row"], r["name"]]
+        for _, key in COLUMNS:
+            v = _value(r, key)
+            same = base is not None and not is_base and v == _value(base, key)
+            cells.append("" if same else _cell(v))
+        other = []
+        for key, say in OTHER.items():
+            v = r["model"].get(key)
+            if is_base or base is None or v != base["model"].get(key):
+                other.append(say(v))
+        if r["model"]["n_decoder_layers"] != r["model"]["n_layers"]:
+            other.append(f"{r['model']['n_decoder_layers']} decoder layers")
+        if r.get("diverged"):
+            other.append("diverged")
+        cells.append(", ".join(o for o in other if o))
+        cells += [_fmt(r["val_ppl"], 2), _fmt(r["val_bleu"], 2)]
+        cells += [_fmt(r.get("test_bleu"), 2)] if sweep.test else []
+        cells += [
+            _fmt(r["params"] / 1e6, 1),
+            _fmt(r["train_flops"] / 1e12, 1),
+            _fmt(r["train_seconds"] / 60, 1),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, results: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in results:
+            flat = {**r, **r.get("model", {})}
+            writer.writerow({k: flat.get(k, "") for k in CSV_FIELDS})
+
+
+def plot(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
+    """Validation BLEU and perplexity of every variant, the base's drawn as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scored = [r for r in results if "val_bleu" in r]
+    if not scored:
+        return
+    names = [f"{r['row']} {r['name']}" for r in scored]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.32 * len(scored) + 1.5), sharey=True)
+    y = list(range(len(scored)))[::-1]
+    base = next((r for r in scored if r["row"] == "base"), None)
+    for ax, key, label in ((axes[0], "val_bleu", "BLEU (dev)"), (axes[1], "val_ppl", "PPL (dev)")):
+        values = [r[key] if math.isfinite(r[key]) else 0.0 for r in scored]
+        ax.barh(y, values, color=["#888" if r is base else "#4477aa" for r in scored])
+        if base is not None:
+            ax.axvline(base[key], color="#cc3311", lw=1)
+        ax.set_xlabel(label)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y, names, fontsize=8)
+    fig.suptitle(sweep.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(sweep: Sweep, results: list[dict[str, Any]], out: Path) -> list[Path]:
+    """results.json, results.csv, table.md and plot.png in ``out``; their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "results.csv", out / "table.md", out / "plot.png"]
+    paths[0].write_text(json.dumps({"title": sweep.title, "variants": results}, indent=1))
+    write_csv(paths[1], results)
+    paths[2].write_text(f"### {sweep.title}\n\n" + markdown_table(sweep, results))
+    plot(paths[3], sweep, results)
+    return [p for p in paths if p.exists()]

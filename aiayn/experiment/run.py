@@ -1,0 +1,277 @@
+"""Running a sweep: every variant a resumable training run, then scored the same way.
+
+::
+
+    OUT/runs/NAME/          the variant's run folder (checkpoints, log.csv: aiayn train's)
+    OUT/runs/NAME/timing.json   training seconds of each invocation that ran it
+    OUT/runs/NAME/result.json   its scores, written last: a variant with one is done
+
+A killed sweep, run again, skips the variants that have a result, resumes the one that was
+training from its last checkpoint, and goes on.  A variant whose settings changed since its
+run started is an error naming it, not a silent mix of two configs.
+
+Each finished variant is scored by:
+
+* validation cross entropy per target token (unsmoothed) and its perplexity, from the
+  training loop's final evaluation;
+* sacreBLEU (and chrF) on the validation set, and on the test set when the sweep asks;
+* its training FLOPs, counted over the batches it trained on (aiayn/inspect/calc.py,
+  :func:`~aiayn.inspect.calc.translation_batch_flops`), and its training wall time with the
+  host's fp32 matmul rate measured beside it -- the time depends on the host and on what else
+  ran; the work does not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiayn.checkpoint import RunDir, load_bundle, read_run
+from aiayn.data.batching import token_batches
+from aiayn.data.parallel import multi30k
+from aiayn.data.tokenizer import BPETokenizer
+from aiayn.device import matmul_gflops
+from aiayn.evaluate.translation import evaluate_translation
+from aiayn.experiment.spec import Sweep, Variant
+from aiayn.generate.beam import BeamConfig
+from aiayn.inspect.calc import translation_batch_flops
+from aiayn.models import EncoderDecoder
+from aiayn.train.config import RunConfig
+from aiayn.train.loop import NonFiniteLoss, TrainingInterrupted
+from aiayn.train.translate import encode_pairs, load_pairs, train_translation
+
+RESULT_FILE = "result.json"
+TIMING_FILE = "timing.json"
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as JSON in one step (a temporary file renamed over the target)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)
+
+
+def _timing(folder: Path) -> list[float]:
+    path = folder / TIMING_FILE
+    return [float(s) for s in json.loads(path.read_text())] if path.is_file() else []
+
+
+def _check_same_config(folder: Path, run: RunConfig, name: str) -> None:
+    """A run started under other settings must not be continued under these."""
+    latest = RunDir(folder).latest()
+    if latest is None:
+        return
+    saved = read_run(latest)
+    now = run.to_dict()
+    for table in ("train", "data"):
+        if saved.get(table) != json.loads(json.dumps(now[table])):
+            raise ValueError(
+                f"variant {name!r}: its run in {folder} was started with other [{table}]"
+                " settings; remove that folder to start it again, or rename the variant"
+            )
+    model = dict(saved.get("model", {}))
+    wanted = json.loads(json.dumps(now["model"]))
+    model.pop("vocab_size", None), wanted.pop("vocab_size", None)  # set from the tokenizer
+    model.pop("pad_id", None), wanted.pop("pad_id", None)
+    if model != wanted:
+        changed = sorted(k for k in wanted if model.get(k) != wanted[k])
+        raise ValueError(
+            f"variant {name!r}: its run in {folder} was started with other model settings"
+            f" ({', '.join(changed)}); remove that folder to start it again, or rename the variant"
+        )
+
+
+def training_flops(
+    run: RunConfig, model_config: Any, tokenizer: BPETokenizer, root: Path
+) -> tuple[float, int]:
+    """FLOPs of the batches the run trained on, in order, and the target tokens they held
+    (padding excluded) -- the same batches :class:`~aiayn.train.translate.TranslationTask`
+    draws: token-count batches of the training pairs, reshuffled every epoch."""
+    pairs = encode_pairs(load_pairs(run, root, "train"), tokenizer)
+    lengths = [(len(s), len(t) - 1) for s, t in pairs]
+    tc = run.train
+    max_tokens = tc.max_tokens or tc.batch_size * max(max(s, t) for s, t in lengths)
+    flops, tokens, steps, epoch = 0.0, 0, 0, 0
+    while steps < tc.max_steps:
+        for batch in token_batches(lengths, max_tokens, seed=tc.seed, epoch=epoch):
+            if steps == tc.max_steps:
+                break
+            source = max(lengths[i][0] for i in batch)
+            target = max(lengths[i][1] for i in batch)
+            flops += translation_batch_flops(model_config, len(batch), source, target)
+            tokens += sum(lengths[i][1] for i in batch)
+            steps += 1
+        epoch += 1
+    return flops, tokens
+
+
+def _bleu(
+    model: EncoderDecoder,
+    tokenizer: BPETokenizer,
+    pairs: Sequence[Any],
+    beam: BeamConfig | None,
+) -> tuple[float, float]:
+    scores, _ = evaluate_translation(
+        model, tokenizer, [p.source for p in pairs], [p.target for p in pairs], beam=beam
+    )
+    return scores.bleu, scores.chrf
+
+
+def score_variant(
+    sweep: Sweep, variant: Variant, folder: Path, root: Path, *, diverged: str | None = None
+) -> dict[str, Any]:
+    """The finished run's scores (see the module docstring)."""
+    run = sweep.run_config(variant)
+    result: dict[str, Any] = {
+        "name": variant.name,
+        "row": variant.row,
+        "note": variant.note,
+        "overrides": variant.overrides,
+        "steps": sweep.steps,
+        "max_tokens": sweep.max_tokens,
+        "train_seconds": sum(_timing(folder)),
+        "train_invocations": len(_timing(folder)),
+        "diverged": diverged,
+    }
+    bundle = load_bundle(folder / "checkpoint")
+    model, tokenizer = bundle.model, bundle.tokenizer
+    assert isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer)
+    c = model.config
+    result["model"] = {
+        "n_layers": c.n_layers,
+        "n_decoder_layers": c.decoder_layers,
+        "d_model": c.d_model,
+        "d_ff": c.d_ff,
+        "n_heads": c.n_heads,
+        "d_head": c.head_dim,
+        "dropout": c.dropout,
+        "positional": c.positional,
+        "norm_position": c.norm_position,
+        "attention_score": c.attention_score,
+        "attention_scale": c.attention_scale,
+        "residual": c.residual,
+    }
+    result["label_smoothing"] = run.train.label_smoothing
+    result["params"] = model.num_parameters()
+    flops, tokens = training_flops(run, c, tokenizer, root)
+    result["train_flops"], result["train_target_tokens"] = flops, tokens
+    history = RunDir(folder).load()[1].history
+    vals = [h["val_loss"] for h in history if "val_loss" in h]
+    result["val_loss"] = vals[-1] if vals else math.nan
+    result["val_ppl"] = math.exp(min(result["val_loss"], 50.0))
+    result["best_val_loss"] = min(vals) if vals else math.nan
+    beam = BeamConfig(beam_size=sweep.beam) if sweep.beam else None
+    model.eval()
+    src, tgt = run.data.source_lang, run.data.target_lang
+    val_pairs = load_pairs(run, root, "val")
+    if sweep.val_limit:
+        val_pairs = val_pairs[: sweep.val_limit]
+    t0 = time.perf_counter()
+    result["val_bleu"], result["val_chrf"] = _bleu(model, tokenizer, val_pairs, beam)
+    result["val_sentences"] = len(val_pairs)
+    if sweep.test:
+        test_pairs = multi30k(root / "multi30k", "test_2016_flickr", src, tgt)
+        result["test_bleu"], result["test_chrf"] = _bleu(model, tokenizer, test_pairs, beam)
+        result["test_sentences"] = len(test_pairs)
+    result["score_seconds"] = time.perf_counter() - t0
+    return result
+
+
+def run_variant(
+    sweep: Sweep,
+    variant: Variant,
+    out: Path,
+    root: Path,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any] | None:
+    """Train (or resume) and score one variant; its result, or None when ``stop_after``
+    stopped it early (a planned interruption, for tests)."""
+    folder = out / "runs" / variant.name
+    done = folder / RESULT_FILE
+    if done.is_file():
+        result: dict[str, Any] = json.loads(done.read_text())
+        if result.get("overrides") != json.loads(json.dumps(variant.overrides)):
+            raise ValueError(
+                f"variant {variant.name!r} was run with other settings ({result.get('overrides')});"
+                f" remove {folder} to run it again, or rename the variant"
+            )
+        return result
+    run = sweep.run_config(variant)
+    _check_same_config(folder, run, variant.name)
+    resume = RunDir(folder).latest() is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    rate = matmul_gflops(2048)
+    say(f"{variant.name}: {'resuming' if resume else 'training'} ({rate:.0f} GFLOP/s fp32 here)")
+    t0 = time.perf_counter()
+    diverged = None
+    try:
+        fit = train_translation(
+            run, folder, root, resume=resume, stop_after=stop_after, progress=progress
+        )
+    except NonFiniteLoss as err:
+        diverged, fit = str(err), None
+    finally:
+        _write_json(folder / TIMING_FILE, [*_timing(folder), time.perf_counter() - t0])
+    if fit is not None and not fit.complete:
+        return None
+    if diverged is not None and RunDir(folder).latest() is None:
+        result = {"name": variant.name, "row": variant.row, "note": variant.note,
+                  "overrides": variant.overrides, "diverged": diverged}  # fmt: skip
+    else:
+        result = score_variant(sweep, variant, folder, root, diverged=diverged)
+    result["matmul_gflops"] = rate
+    _write_json(done, result)
+    return result
+
+
+def run_sweep(
+    sweep: Sweep,
+    out: Path,
+    root: Path,
+    *,
+    only: Sequence[str] = (),
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Run every variant (or those named in ``only``) in the file's order; the results of
+    all that are done."""
+    chosen = [sweep.variant(n) for n in only] if only else list(sweep.variants)
+    out.mkdir(parents=True, exist_ok=True)
+    for variant in chosen:
+        try:
+            result = run_variant(sweep, variant, out, root, progress=progress, say=say)
+        except TrainingInterrupted:
+            say(f"{variant.name}: interrupted; run the sweep again to continue it")
+            raise
+        if result is not None:
+            say(_summary(result))
+    return collect(sweep, out)
+
+
+def collect(sweep: Sweep, out: Path) -> list[dict[str, Any]]:
+    """The results written so far, in the sweep file's order."""
+    found = []
+    for v in sweep.variants:
+        path = out / "runs" / v.name / RESULT_FILE
+        if path.is_file():
+            found.append(json.loads(path.read_text()))
+    return found
+
+
+def _summary(r: dict[str, Any]) -> str:
+    if "val_bleu" not in r:
+        return f"{r['name']}: diverged before its first checkpoint"
+    test = f", test BLEU {r['test_bleu']:.2f}" if "test_bleu" in r else ""
+    return (
+        f"{r['name']}: val ppl {r['val_ppl']:.2f}, val BLEU {r['val_bleu']:.2f}{test};"
+        f" {r['params'] / 1e6:.1f}M params, {r['train_flops'] / 1e12:.1f} TFLOP,"
+        f" {r['train_seconds'] / 60:.1f} min"
+    )

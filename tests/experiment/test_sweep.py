@@ -1,0 +1,156 @@
+"""The sweep runner: variants on equal work, resumable after a kill, scored, reported; bad
+sweep files named."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.cli import main
+from aiayn.experiment import collect, load_sweep, run_variant, write_report
+from aiayn.experiment.run import training_flops
+from aiayn.inspect.calc import translation_batch_flops
+from aiayn.models import build_model
+from aiayn.train.translate import train_translation
+from tests.train.test_translation import TOML, write_corpus
+
+SWEEP = """
+[sweep]
+title = "tiny"
+base = "run.toml"
+steps = 4
+max_tokens = 64
+beam = 2
+set = { "train.eval_interval" = 2, "train.checkpoint_interval" = 2, "train.keep_snapshots" = 0 }
+
+[[variant]]
+name = "base"
+row = "base"
+
+[[variant]]
+name = "A-h1"
+row = "A"
+set = { "model.n_heads" = 1 }
+
+[[variant]]
+name = "X-additive"
+row = "seed"
+set = { "model.attention_score" = "additive", "model.residual" = false }
+"""
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    write_corpus(tmp_path / "data")
+    (tmp_path / "run.toml").write_text(TOML)
+    (tmp_path / "sweep.toml").write_text(SWEEP)
+    return tmp_path / "data", tmp_path / "sweep.toml"
+
+
+def test_sweep_runs_resumes_and_reports(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    data, path = setup
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    # A variant stopped part-way (as by a kill after its checkpoint at step 2) ...
+    assert run_variant(sweep, sweep.variants[0], out, data, progress=False, stop_after=2) is None
+    assert collect(sweep, out) == []
+    # ... is resumed by the next invocation, which then runs the others.
+    code = main(["experiment", str(path), "--out", str(out), "--data", str(data), "--quiet"])
+    assert code == 0
+    results = collect(sweep, out)
+    assert [r["name"] for r in results] == ["base", "A-h1", "X-additive"]
+    base = results[0]
+    assert base["train_invocations"] == 2  # stopped once, resumed once
+    # The resumed variant ends where an uninterrupted run of the same config does.
+    straight = train_translation(sweep.run_config(sweep.variants[0]), tmp_path / "straight", data,
+                                 progress=False)  # fmt: skip
+    assert base["val_loss"] == pytest.approx(straight.val_loss, rel=1e-5)
+    # Equal work: the same batches, hence the same target tokens, for every variant.
+    assert len({r["train_target_tokens"] for r in results}) == 1
+    assert results[1]["model"]["n_heads"] == 1 and results[1]["model"]["d_head"] == 32
+    assert results[2]["model"]["attention_score"] == "additive"
+    for r in results:
+        assert 0 <= r["val_bleu"] <= 100 and 0 <= r["test_bleu"] <= 100
+        assert r["val_ppl"] == pytest.approx(torch.tensor(r["val_loss"]).exp().item(), rel=1e-6)
+    # Files: JSON, CSV, the table in Table 3's layout, the plot.
+    assert json.loads((out / "results.json").read_text())["variants"] == results
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["name"] for r in rows] == ["base", "A-h1", "X-additive"]
+    table = (out / "table.md").read_text()
+    assert "| A | A-h1 |  |  |  | 1 | 32 | 32 |" in table  # only what differs from the base
+    assert "additive scores, no residual" in table
+    assert (out / "plot.png").stat().st_size > 1000
+    # Run again: everything is done, nothing retrains.
+    before = (out / "runs" / "base" / "timing.json").read_text()
+    assert main(["experiment", str(path), "--out", str(out), "--data", str(data), "--quiet"]) == 0
+    assert (out / "runs" / "base" / "timing.json").read_text() == before
+    # A variant changed after it ran is named, not mixed.
+    path.write_text(SWEEP.replace('"model.n_heads" = 1', '"model.n_heads" = 2'))
+    with pytest.raises(ValueError, match="variant 'A-h1' was run with other settings"):
+        run_variant(load_sweep(path), load_sweep(path).variant("A-h1"), out, data, progress=False)
+    assert write_report(sweep, results, out)
+
+
+def test_flops_equal_torch_flop_counter(setup: tuple[Path, Path]) -> None:
+    """The analytic count of one training batch equals what torch.utils.flop_counter counts
+    for a forward and backward pass of the model (plain matmul attention, so that every
+    multiply is a counted op; the plain cross entropy: aiayn's chunked one recomputes the
+    logits in its backward pass, work the model-FLOPs convention does not count)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    data, path = setup
+    sweep = load_sweep(path)
+    config = sweep.run_config(sweep.variants[0]).model.replace(
+        vocab_size=300, pad_id=0, attention_backend="reference", dropout=0.0
+    )
+    model = build_model(config)
+    src, tgt = torch.randint(1, 300, (3, 7)), torch.randint(1, 300, (3, 5))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(src, tgt).flatten(0, 1), tgt.flatten()).backward()
+    assert counter.get_total_flops() == translation_batch_flops(config, 3, 7, 5)
+    flops, tokens = training_flops(sweep.run_config(sweep.variants[0]), config,
+                                   _tokenizer(data, sweep), data)  # fmt: skip
+    assert flops > 0 and tokens > 0
+
+
+def _tokenizer(data: Path, sweep: object) -> object:
+    from aiayn.data.tokenizer import BPETokenizer
+    from aiayn.train.translate import load_pairs
+
+    run = sweep.run_config(sweep.variants[0])  # type: ignore[attr-defined]
+    pairs = load_pairs(run, data, "train")
+    return BPETokenizer.from_lines([p.source for p in pairs] + [p.target for p in pairs], 300)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            "steps = 4",
+            "steps = 0",
+        ),
+        ('name = "A-h1"', "name = 'A h1' is invalid"),
+        ('"model.n_heads" = 1', "'train.max_tokens' may not vary"),
+        ('"model.n_heads" = 1', "variant 'A-h1': ModelConfig.d_model=32 is invalid"),
+        ('name = "X-additive"', "the name 'base' is used twice"),
+        ('base = "run.toml"', "base config .*missing.toml does not exist"),
+    ],
+)
+def test_bad_sweep_files_are_named(setup: tuple[Path, Path], edit: str, message: str) -> None:
+    _, path = setup
+    replacement = {
+        "steps = 0": "steps = 0",
+        "name = 'A h1' is invalid": 'name = "A h1"',
+        "'train.max_tokens' may not vary": '"train.max_tokens" = 9',
+        "variant 'A-h1': ModelConfig.d_model=32 is invalid": '"model.n_heads" = 3',
+        "the name 'base' is used twice": 'name = "base"',
+        "base config .*missing.toml does not exist": 'base = "missing.toml"',
+    }[message]
+    path.write_text(SWEEP.replace(edit, replacement, 1))
+    with pytest.raises(ValueError, match=message):
+        load_sweep(path)
