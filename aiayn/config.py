@@ -99,6 +99,11 @@ class ModelConfig:
     attention_score: Score = "dot"
     attention_scale: bool = True
     residual: bool = True
+    # The recurrent baselines of aiayn/models/rnn.py in place of the Transformer (an
+    # encoder-decoder only): "gru" or "lstm" layers (n_layers each side, d_model wide), with
+    # Bahdanau's additive attention or, rnn_attention = False, the last encoder state only.
+    rnn: Literal["gru", "lstm"] | None = None
+    rnn_attention: bool = True
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
     # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
     sliding_window: int | None = None
@@ -148,7 +153,13 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise _fail(name, value, "a probability in [0, 1)")
-        for name in ("attention_scale", "residual"):
+        if self.rnn not in (None, "gru", "lstm"):
+            raise _fail("rnn", self.rnn, "'gru', 'lstm' or None (the Transformer)")
+        if self.rnn is not None and self.arch != "encoder-decoder":
+            raise _fail("rnn", self.rnn, f"None for arch={self.arch!r} (RNN baselines translate)")
+        if self.rnn is not None and self.d_model % 2:
+            raise _fail("d_model", self.d_model, "an even width for a bidirectional RNN encoder")
+        for name in ("attention_scale", "residual", "rnn_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "true or false")
         if self.sliding_window is not None and self.arch == "encoder":

@@ -88,6 +88,15 @@ class ParameterBreakdown:
         return self.embeddings + self.attention + self.feed_forward + self.norms + self.head
 
 
+def _transformer(c: ModelConfig) -> ModelConfig:
+    if c.rnn is not None:
+        raise ValueError(
+            f"rnn={c.rnn!r}: this calculation covers the Transformer; for the recurrent"
+            " baselines use build_model(config).num_parameters() and translation_batch_flops"
+        )
+    return c
+
+
 def _attention_weights(c: ModelConfig) -> int:
     """Weights of one attention sublayer: fused Q/K/V (or Q and fused K/V) and W^O."""
     q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
@@ -148,7 +157,7 @@ def _attention_sublayers(c: ModelConfig) -> int:
 
 def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     """Parameters by kind, computed from the config (see :class:`ParameterBreakdown`)."""
-    c = config
+    c = _transformer(config)
     d, v = c.d_model, c.vocab_size
     blocks, cross = _stacks(c)
     n_stacks = 2 if c.arch == "encoder-decoder" else 1
@@ -193,7 +202,7 @@ def matmul_parameters(config: ModelConfig) -> int:
     mixture of experts, only the router and the ``experts_top_k`` experts a token visits count
     (the *active* parameters).
     """
-    c = config
+    c = _transformer(config)
     blocks, cross = _stacks(c)
     n = (blocks + cross) * _attention_weights(c) + blocks * _ffn_active_weights(c)
     n += c.vocab_size * c.d_model
@@ -247,6 +256,8 @@ def translation_batch_flops(config: ModelConfig, sentences: int, source: int, ta
     c = config
     if c.arch != "encoder-decoder":
         raise ValueError(f"translation_batch_flops needs arch='encoder-decoder', got {c.arch!r}")
+    if c.rnn is not None:
+        return _rnn_batch_flops(c, sentences, source, target)
     attention, ffn = _attention_weights(c), _ffn_active_weights(c)
     cross_kv = 2 * c.d_model * c.kv_heads * c.head_dim  # cross-attention K, V: on the source
     encoder = c.n_layers * (attention + ffn) + c.decoder_layers * cross_kv
@@ -255,6 +266,25 @@ def translation_batch_flops(config: ModelConfig, sentences: int, source: int, ta
     per_pair = 12 if c.attention_score == "dot" else 15
     pairs = c.n_layers * source * source + c.decoder_layers * (target * target + target * source)
     return sentences * (6 * (encoder * source + decoder * target) + per_pair * pairs * d_attn)
+
+
+def _rnn_batch_flops(c: ModelConfig, sentences: int, source: int, target: int) -> int:
+    """The recurrent baselines (aiayn/models/rnn.py), by the same convention: 6 × the matrix
+    weights each padded token meets -- a GRU layer has 3 gates (an LSTM 4), each with an input
+    and a recurrent matrix; the encoder's two directions have d/2 units each -- plus, with
+    attention, the key projection on the source, the query projection and the output
+    combination on the target, and 15 FLOPs per query-key pair and dimension (additive score
+    3, weighted sum 2, times 3 for training), and the bridge to the initial state."""
+    gates, d = (3 if c.rnn == "gru" else 4), c.d_model
+    h = d // 2
+    encoder = c.n_layers * 2 * gates * (d * h + h * h)  # per source token
+    decoder = c.decoder_layers * gates * 2 * d * d + c.vocab_size * d  # per target token
+    pairs = 0
+    if c.rnn_attention:
+        encoder += d * d  # U h
+        decoder += d * d + 2 * d * d  # W s, W_c [s; c]
+        pairs = 15 * source * target * d
+    return sentences * (6 * (encoder * source + decoder * target + d * d) + pairs)
 
 
 def forward_flops_per_token(config: ModelConfig, context: int) -> int:

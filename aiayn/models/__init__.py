@@ -33,6 +33,10 @@ def build_model(preset_or_config: str | ModelConfig, **overrides: Any) -> Transf
     ``overrides`` are ModelConfig field names, e.g. ``build_model("paper-base", n_layers=2)``.
     """
     config = resolve_config(preset_or_config, **overrides)
+    if config.rnn is not None:  # the recurrent baselines (aiayn/models/rnn.py)
+        from aiayn.models.rnn import RNNEncoderDecoder
+
+        return RNNEncoderDecoder(config)
     return _FAMILIES[config.arch](config)
 
 
