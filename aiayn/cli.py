@@ -552,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", default="figures", help="folder for the PNGs (default: figures/)")
     q.set_defaults(func=cmd_inspect_positions)
     q = inspect.add_parser("example", help="a worked example: print the numbers, draw the figure")
-    q.add_argument("example", choices=["trophy", "not-good", "scale", "paths"])
+    q.add_argument("example", choices=["trophy", "not-good", "scale", "paths", "nadaraya-watson"])
     q.add_argument("--out", default="figures", help="folder for the PNG (default: figures/)")
     q.set_defaults(func=cmd_inspect_example)
 

@@ -143,6 +143,10 @@ class LookupLesson(Strict):
     length: Annotated[float, Field(ge=0.0, le=20.0)] = 1.0
 
 
+class KernelLesson(Strict):
+    sigma: Annotated[float, Field(ge=0.01, le=10.0)] = 0.3
+
+
 class PositionsLesson(Strict):
     position: Annotated[int, Field(ge=0)] = 20
     max_len: Annotated[int, Field(ge=2, le=2048)] = 100
@@ -287,6 +291,10 @@ def create_app(
     @app.post("/api/lesson/lookup")
     def lesson_lookup(req: LookupLesson) -> dict[str, Any]:
         return teaching.soft_lookup(req.between, req.length)
+
+    @app.post("/api/lesson/kernel")
+    def lesson_kernel(req: KernelLesson) -> dict[str, Any]:
+        return teaching.nadaraya_watson(req.sigma)
 
     @app.post("/api/lesson/positions")
     def lesson_positions(req: PositionsLesson) -> dict[str, Any]:

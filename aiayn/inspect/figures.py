@@ -508,11 +508,52 @@ def example_paths(path: str | Path, max_steps: int = 50) -> tuple[Path, Numbers]
     return _save(fig, path), numbers
 
 
+def example_nadaraya_watson(
+    path: str | Path, sigmas: Sequence[float] = (0.05, 0.3, 1.0, 3.0)
+) -> tuple[Path, Numbers]:
+    """Attention as the Nadaraya-Watson kernel smoother (1964): Gaussian-kernel regression of
+    noisy sin(x) samples at several bandwidths, each computed as unscaled dot-product attention
+    (aiayn/inspect/teaching.py) and checked against the kernel formula; the bandwidth is the
+    softmax's sharpness -- small chases the noise, large flattens the curve."""
+    from aiayn.inspect.teaching import nadaraya_watson
+
+    runs = [nadaraya_watson(s) for s in sigmas]
+    numbers: Numbers = {
+        "sigmas": list(sigmas),
+        "mse_vs_truth": [r["mse_vs_truth"] for r in runs],
+        "max_difference_formula_vs_attention": max(
+            r["max_difference_formula_vs_attention"] for r in runs
+        ),
+        "query": runs[0]["query"],
+        "query_entropy": [r["query_entropy"] for r in runs],
+    }
+    fig = _figure(10.0, 3.6)
+    a, b = fig.subplots(1, 2)
+    a.scatter(runs[0]["x_train"], runs[0]["y_train"], s=12, color="black", label="samples")
+    a.plot(runs[0]["grid"], runs[0]["truth"], color="gray", ls=":", label="sin x")
+    for r in runs:
+        a.plot(r["grid"], r["estimate"], label=f"σ = {r['sigma']} (MSE {r['mse_vs_truth']:.3f})")
+        b.plot(r["x_train"], r["query_weights"], "o-", ms=3, label=f"σ = {r['sigma']}")
+    a.set_xlabel("x")
+    a.set_title("softmax(q·kᵢ) yᵢ with q = (x/σ², 1), kᵢ = (xᵢ, −xᵢ²/2σ²)", fontsize=9)
+    a.legend(fontsize=7)
+    b.axvline(numbers["query"], color="gray", lw=1)
+    b.set_xlabel("sample xᵢ")
+    b.set_ylabel("attention weight")
+    b.set_title(f"the weights of the query x = {numbers['query']}", fontsize=9)
+    b.legend(fontsize=7)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.suptitle("attention is Nadaraya-Watson kernel regression; σ is the sharpness", fontsize=10)
+    return _save(fig, path), numbers
+
+
 EXAMPLES = {
     "trophy": example_trophy,
     "not-good": example_not_good,
     "scale": example_scale,
     "paths": example_paths,
+    "nadaraya-watson": example_nadaraya_watson,
 }
 
 

@@ -8,6 +8,9 @@ Every number comes from the library's own functions -- :func:`scaled_dot_product
   softmax -> mix values (Eq. 1).  The pronoun "it" asks for a living noun and finds "cat".
 * :func:`soft_lookup`: attention as a dictionary lookup with partial matches: a query between
   two keys returns a blend of their values, and a longer query sharpens the softmax.
+* :func:`nadaraya_watson`: attention is the kernel smoother of Nadaraya and Watson (1964):
+  Gaussian-kernel regression on noisy samples, computed once by its formula and once as
+  dot-product attention with the query and keys below; the bandwidth is the sharpness.
 * :func:`positional_similarity`: PE(p) . PE(q) over all q for one p (§3.5).
 """
 
@@ -119,6 +122,69 @@ def soft_lookup(between: float = 0.5, length: float = 1.0) -> dict[str, Any]:
         "weights": rounded(w),
         "output": rounded(out[0]),
         "entropy": round(entropy, 4),
+    }
+
+
+def kernel_regression(
+    x_train: torch.Tensor, y_train: torch.Tensor, x: torch.Tensor, sigma: float
+) -> torch.Tensor:
+    """Nadaraya-Watson: f(x) = sum_i K(x - x_i) y_i / sum_j K(x - x_j), K(u) = exp(-u^2/2s^2),
+    written as the formula: (N,) samples, (M,) queries -> (M,) estimates."""
+    kernel = torch.exp(-((x[:, None] - x_train[None, :]) ** 2) / (2 * sigma**2))  # (M, N)
+    return (kernel @ y_train) / kernel.sum(-1)
+
+
+def kernel_as_attention(
+    x_train: torch.Tensor, y_train: torch.Tensor, x: torch.Tensor, sigma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same estimate as unscaled dot-product attention (Eq. 1 without 1/sqrt(d_k)):
+
+        -(x - x_i)^2 / 2s^2 = x x_i / s^2 - x_i^2 / 2s^2 - x^2 / 2s^2
+
+    The last term is the same for every key of a query, and softmax ignores a constant, so
+    with the query q = (x / s^2, 1) and the key k_i = (x_i, -x_i^2 / 2s^2) the softmax of
+    q . k_i is exactly the normalised Gaussian kernel, and the values are the samples y_i.
+    Returns the (M,) estimates and the (M, N) attention weights."""
+    q = torch.stack([x / sigma**2, torch.ones_like(x)], dim=-1)  # (M, 2)
+    k = torch.stack([x_train, -(x_train**2) / (2 * sigma**2)], dim=-1)  # (N, 2)
+    out, weights = scaled_dot_product_attention(
+        q, k, y_train[:, None], scale=False, return_weights=True, backend="reference"
+    )
+    return out[:, 0], weights
+
+
+def nadaraya_watson(
+    sigma: float = 0.3, *, n: int = 40, noise: float = 0.3, seed: int = 0, query: float = 2.0
+) -> dict[str, Any]:
+    """Kernel regression of noisy samples of sin(x) on [0, 2 pi] at bandwidth ``sigma``, by
+    the formula and as attention (:func:`kernel_as_attention`): the curve, the fit's error
+    against sin, the largest difference between the two computations, and the weights one
+    query at ``query`` gives the samples.  A small sigma is a sharp softmax (the curve chases
+    the noise); a large one a flat softmax (the curve flattens towards the mean)."""
+    if not isinstance(sigma, int | float) or not 0.01 <= sigma <= 10.0:
+        raise ValueError(f"sigma={sigma!r} is out of range: expected a number in [0.01, 10]")
+    gen = torch.Generator().manual_seed(seed)
+    x_train = torch.sort(torch.rand(n, generator=gen, dtype=torch.float64) * 2 * math.pi).values
+    y_train = torch.sin(x_train) + noise * torch.randn(n, generator=gen, dtype=torch.float64)
+    grid = torch.linspace(0, 2 * math.pi, 100, dtype=torch.float64)
+    formula = kernel_regression(x_train, y_train, grid, sigma)
+    attention, _ = kernel_as_attention(x_train, y_train, grid, sigma)
+    _, weights = kernel_as_attention(
+        x_train, y_train, torch.tensor([query], dtype=torch.float64), sigma
+    )
+    w = weights[0]
+    return {
+        "sigma": sigma,
+        "x_train": rounded(x_train),
+        "y_train": rounded(y_train),
+        "grid": rounded(grid),
+        "estimate": rounded(attention),
+        "truth": rounded(torch.sin(grid)),
+        "mse_vs_truth": round(float(((attention - torch.sin(grid)) ** 2).mean()), 4),
+        "max_difference_formula_vs_attention": float((formula - attention).abs().max()),
+        "query": query,
+        "query_weights": rounded(w),
+        "query_entropy": round(float(-(w * w.clamp_min(1e-300).log()).sum()), 4),
     }
 
 

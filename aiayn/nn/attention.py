@@ -72,12 +72,14 @@ def masked_softmax(
         else:
             scores = scores + mask
         masked = True
+    # At least fp32 (bf16/fp16 scores are summed in fp32); fp64 stays fp64.
+    exact = torch.promote_types(scores.dtype, torch.float32)
     if not masked:
-        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+        return torch.softmax(scores, dim=-1, dtype=exact).to(scores.dtype)
     # Rows with no allowed key would be softmax(-inf, ..., -inf) = NaN: make them zeros.
     dead = scores.amax(dim=-1, keepdim=True) == float("-inf")  # (..., T, 1)
     scores = scores.masked_fill(dead, 0.0)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    weights = torch.softmax(scores, dim=-1, dtype=exact).to(scores.dtype)
     return weights.masked_fill(dead, 0.0)
 
 

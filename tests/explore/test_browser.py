@@ -140,6 +140,11 @@ def test_lessons_render_library_numbers(page):
     page.wait_for_function("document.getElementById('lesson-steps').innerText.includes('0.887')")
     page.fill("#lookup-length", "8")
     page.wait_for_function("document.getElementById('lookup-output').innerText.includes('0.971')")
+    page.fill("#kernel-sigma", "-1")  # the slider is log10(σ): σ = 0.1, a sharp kernel
+    page.wait_for_function(
+        "document.getElementById('kernel-sigma-value').innerText === '0.1'"
+        " && document.getElementById('kernel-output').innerText.includes('σ = 0.1:')"
+    )
     page.fill("#pe-position", "60")
     page.wait_for_function(
         "(() => { const y = document.getElementById('pe-chart').data[0].y;"

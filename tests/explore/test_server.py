@@ -4,7 +4,7 @@ server keeps serving after each."""
 import pytest
 
 from aiayn.explore import analysis
-from aiayn.inspect.teaching import query_walkthrough
+from aiayn.inspect.teaching import nadaraya_watson, query_walkthrough
 
 
 def test_models_are_listed_by_name(client):
@@ -59,6 +59,10 @@ def test_lessons_come_from_the_library(client):
     assert status == 200 and r == query_walkthrough(7)
     _, lookup = client.request("/api/lesson/lookup", {"between": 0.5, "length": 2})
     assert lookup["weights"] == pytest.approx([0.5, 0.5])
+    status, kernel = client.request("/api/lesson/kernel", {"sigma": 0.3})
+    assert status == 200 and kernel == nadaraya_watson(0.3)
+    status, _ = client.request("/api/lesson/kernel", {"sigma": 0})
+    assert status == 422
     _, pe = client.request("/api/lesson/positions", {"position": 30, "max_len": 60, "d_model": 16})
     assert len(pe["similarity"]) == 60 and max(pe["similarity"]) == pe["similarity"][30]
     status, kv = client.request(

@@ -182,3 +182,10 @@ def test_attention_maps_from_checkpoints(tmp_path: Path) -> None:
     assert set(out) == {"encoder", "decoder", "cross"}
     for path in out.values():
         assert_picture(path)
+
+
+def test_example_nadaraya_watson(tmp_path: Path) -> None:
+    path, numbers = figures.example_nadaraya_watson(tmp_path / "nw.png")
+    assert path.stat().st_size > 20_000
+    assert numbers["max_difference_formula_vs_attention"] < 1e-9
+    assert numbers["query_entropy"] == sorted(numbers["query_entropy"])  # wider = flatter

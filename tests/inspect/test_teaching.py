@@ -66,3 +66,41 @@ def test_positional_similarity_peaks_and_slides():
     assert a == pytest.approx((table @ table[20]).tolist(), abs=1e-3)
     with pytest.raises(ValueError, match="out of range"):
         positional_similarity(100, 128, 100)
+
+
+# ----- Nadaraya-Watson --------------------------------------------------------------------
+
+
+def _kernel_by_hand(xs: list[float], ys: list[float], x: float, sigma: float) -> float:
+    k = [math.exp(-((x - xi) ** 2) / (2 * sigma**2)) for xi in xs]
+    return sum(ki * yi for ki, yi in zip(k, ys, strict=True)) / sum(k)
+
+
+@pytest.mark.parametrize("sigma", [0.05, 0.3, 1.0, 3.0])
+def test_kernel_regression_is_unscaled_dot_product_attention(sigma: float) -> None:
+    from aiayn.inspect.teaching import kernel_as_attention, nadaraya_watson
+
+    r = nadaraya_watson(sigma)
+    assert r["max_difference_formula_vs_attention"] < 1e-9
+    xs, ys = r["x_train"], r["y_train"]  # (rounded to 4 digits: the check uses them as given)
+    x = torch.tensor(xs, dtype=torch.float64)
+    y = torch.tensor(ys, dtype=torch.float64)
+    out, weights = kernel_as_attention(x, y, torch.tensor([1.0, 4.0], dtype=torch.float64), sigma)
+    for i, q in enumerate((1.0, 4.0)):
+        assert float(out[i]) == pytest.approx(_kernel_by_hand(xs, ys, q, sigma), rel=1e-9)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, dtype=torch.float64))
+
+
+def test_the_bandwidth_is_the_sharpness() -> None:
+    """A wide kernel flattens towards the mean of the samples (a flat softmax); a narrow one
+    puts nearly all weight on the nearest sample (a one-hot softmax)."""
+    from aiayn.inspect.teaching import nadaraya_watson
+
+    wide, narrow = nadaraya_watson(10.0), nadaraya_watson(0.01)
+    mean = sum(wide["y_train"]) / len(wide["y_train"])
+    assert max(abs(e - mean) for e in wide["estimate"]) < 0.15
+    assert max(narrow["query_weights"]) > 0.99
+    entropies = [nadaraya_watson(s)["query_entropy"] for s in (0.05, 0.3, 1.0, 3.0)]
+    assert entropies == sorted(entropies)
+    with pytest.raises(ValueError, match="sigma=0 is out of range"):
+        nadaraya_watson(0)

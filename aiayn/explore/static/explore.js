@@ -224,6 +224,27 @@ async function lessonLookup() {
   { displayModeBar: false, responsive: true });
 }
 
+async function lessonKernel() {
+  const sigma = Number(Math.pow(10, Number($("kernel-sigma").value)).toFixed(3));
+  $("kernel-sigma-value").textContent = sigma;
+  const r = await api("/api/lesson/kernel", { sigma });
+  $("kernel-output").textContent = `σ = ${sigma}: error against sin x ${f(r.mse_vs_truth)}; ` +
+    `the query at x = ${r.query} spreads its weights with entropy ${f(r.query_entropy)} nats; ` +
+    `attention and the kernel formula differ by ${r.max_difference_formula_vs_attention.toExponential(1)}`;
+  Plotly.react("kernel-chart", [
+    { type: "scatter", mode: "markers", x: r.x_train, y: r.y_train, name: "samples",
+      marker: { color: "#222", size: 5 } },
+    { type: "scatter", mode: "lines", x: r.grid, y: r.truth, name: "sin x",
+      line: { dash: "dot", color: "#999" } },
+    { type: "scatter", mode: "lines", x: r.grid, y: r.estimate, name: "attention output",
+      line: { color: "#3b6fb6", width: 3 } },
+    { type: "bar", x: r.x_train, y: r.query_weights, name: `weights of x = ${r.query}`,
+      yaxis: "y2", marker: { color: "#e08a3c" }, opacity: 0.6, width: 0.08 },
+  ], { margin: { t: 10 }, yaxis2: { overlaying: "y", side: "right", range: [0, 1],
+    title: { text: "weight" } }, legend: { orientation: "h" } },
+  { displayModeBar: false, responsive: true });
+}
+
 async function lessonPositions() {
   const position = Number($("pe-position").value);
   $("pe-position-value").textContent = position;
@@ -291,6 +312,7 @@ async function start() {
   for (const id of ["lookup-between", "lookup-length"]) {
     $(id).addEventListener("input", debounce(lessonLookup, 40));
   }
+  $("kernel-sigma").addEventListener("input", debounce(lessonKernel, 60));
   $("pe-position").addEventListener("input", debounce(lessonPositions, 40));
   $("pe-dmodel").addEventListener("change", lessonPositions);
   for (const id of ["kv-preset", "kv-layers", "kv-dmodel", "kv-heads", "kv-kvheads",
@@ -299,7 +321,7 @@ async function start() {
   }
 
   onModelChange();
-  await Promise.all([lessonQuery(), lessonLookup(), lessonPositions(), kvCache()]);
+  await Promise.all([lessonQuery(), lessonLookup(), lessonKernel(), lessonPositions(), kvCache()]);
   document.body.dataset.ready = "1";
 }
 
