@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from aiayn.experiment.spec import Sweep
 
 # (header, key in result["model"] or a callable) -- Table 3's architecture columns.
@@ -38,8 +40,9 @@ OTHER = {  # setting -> how a non-default value reads in the "other" column
 CSV_FIELDS = [
     "name", "row", "note", "n_layers", "d_model", "d_ff", "n_heads", "d_head", "dropout",
     "label_smoothing", "positional", "norm_position", "attention_score", "attention_scale",
-    "residual", "params", "steps", "max_tokens", "train_target_tokens", "train_flops",
-    "train_seconds", "matmul_gflops", "val_loss", "val_ppl", "best_val_loss", "val_bleu",
+    "residual", "rnn", "params", "params_non_embedding", "steps", "max_tokens",
+    "train_target_tokens", "train_tokens", "train_flops", "train_seconds", "matmul_gflops",
+    "val_loss", "val_ppl", "best_val_loss", "val_bleu",
     "val_chrf", "test_bleu", "test_chrf", "diverged",
 ]  # fmt: skip
 
@@ -63,10 +66,17 @@ def _fmt(value: Any, digits: int) -> str:
 
 
 def markdown_table(sweep: Sweep, results: list[dict[str, Any]]) -> str:
-    """Table 3's layout (see the module docstring)."""
+    """Table 3's layout (see the module docstring); a language-model sweep shows the
+    validation loss in place of the translation scores."""
     base = next((r for r in results if r["row"] == "base"), results[0] if results else None)
-    head = ["", "variant"] + [c for c, _ in COLUMNS] + ["other", "PPL (dev)", "BLEU (dev)"]
-    head += (["BLEU (test)"] if sweep.test else []) + ["params ×10⁶", "TFLOP", "train min"]
+    lm = bool(results) and all("val_bleu" not in r for r in results if "model" in r)
+    scores = ["val loss", "PPL (dev)"] if lm else ["PPL (dev)", "BLEU (dev)"]
+    head = ["", "variant"] + [c for c, _ in COLUMNS] + ["other", *scores]
+    head += (["BLEU (test)"] if sweep.test and not lm else []) + [
+        "params ×10⁶",
+        "TFLOP",
+        "train min",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "model" not in r:
@@ -89,8 +99,11 @@ def markdown_table(sweep: Sweep, results: list[dict[str, Any]]) -> str:
         if r.get("diverged"):
             other.append("diverged")
         cells.append(", ".join(o for o in other if o))
-        cells += [_fmt(r["val_ppl"], 2), _fmt(r["val_bleu"], 2)]
-        cells += [_fmt(r.get("test_bleu"), 2)] if sweep.test else []
+        if lm:
+            cells += [_fmt(r["val_loss"], 4), _fmt(r["val_ppl"], 3)]
+        else:
+            cells += [_fmt(r["val_ppl"], 2), _fmt(r.get("val_bleu"), 2)]
+            cells += [_fmt(r.get("test_bleu"), 2)] if sweep.test else []
         cells += [
             _fmt(r["params"] / 1e6, 1),
             _fmt(r["train_flops"] / 1e12, 1),
@@ -109,8 +122,68 @@ def write_csv(path: Path, results: list[dict[str, Any]]) -> None:
             writer.writerow({k: flat.get(k, "") for k in CSV_FIELDS})
 
 
+def power_law(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """The least-squares line through (log x, log y): y = a · x^(-alpha); (a, alpha)."""
+    slope, intercept = np.polyfit(np.log(xs), np.log(ys), 1)
+    return float(math.exp(intercept)), float(-slope)
+
+
+def scaling_fits(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Power laws of the validation loss in non-embedding parameters and in training FLOPs
+    (Kaplan et al., 2020), over the variants that trained."""
+    done = [r for r in results if math.isfinite(r.get("val_loss", math.nan))]
+    if len(done) < 2:
+        return {}
+    losses = [r["val_loss"] for r in done]
+    fits = {}
+    for key in ("params_non_embedding", "train_flops"):
+        a, alpha = power_law([float(r[key]) for r in done], losses)
+        fits[key] = {"a": a, "alpha": alpha}
+    return fits
+
+
+def plot_scaling(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
+    """Validation loss against non-embedding parameters and against training FLOPs, log-log,
+    with the fitted power laws drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in results if math.isfinite(r.get("val_loss", math.nan))]
+    fits = scaling_fits(done)
+    if not fits:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, key, label in (
+        (axes[0], "params_non_embedding", "non-embedding parameters"),
+        (axes[1], "train_flops", "training FLOPs"),
+    ):
+        xs = [float(r[key]) for r in done]
+        ax.loglog(xs, [r["val_loss"] for r in done], "o", color="#4477aa")
+        for r, x in zip(done, xs, strict=True):
+            ax.annotate(r["name"], (x, r["val_loss"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")  # fmt: skip
+        a, alpha = fits[key]["a"], fits[key]["alpha"]
+        grid = np.geomspace(min(xs), max(xs), 50)
+        ax.loglog(grid, a * grid**-alpha, "--", color="#cc3311",
+                  label=f"fit: {a:.3g} · x^-{alpha:.3f}")  # fmt: skip
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("validation loss (nats/token)")
+    fig.suptitle(sweep.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
-    """Validation BLEU and perplexity of every variant, the base's drawn as a line."""
+    """Validation BLEU and perplexity of every variant, the base's drawn as a line (or, for
+    ``plot = "scaling"``, :func:`plot_scaling`)."""
+    if sweep.plot == "scaling":
+        plot_scaling(path, sweep, results)
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,7 +214,10 @@ def write_report(sweep: Sweep, results: list[dict[str, Any]], out: Path) -> list
     """results.json, results.csv, table.md and plot.png in ``out``; their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "results.csv", out / "table.md", out / "plot.png"]
-    paths[0].write_text(json.dumps({"title": sweep.title, "variants": results}, indent=1))
+    summary: dict[str, Any] = {"title": sweep.title, "variants": results}
+    if sweep.plot == "scaling":
+        summary["power_laws"] = scaling_fits(results)
+    paths[0].write_text(json.dumps(summary, indent=1))
     write_csv(paths[1], results)
     paths[2].write_text(f"### {sweep.title}\n\n" + markdown_table(sweep, results))
     plot(paths[3], sweep, results)

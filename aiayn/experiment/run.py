@@ -14,9 +14,11 @@ Each finished variant is scored by:
 
 * validation cross entropy per target token (unsmoothed) and its perplexity, from the
   training loop's final evaluation;
-* sacreBLEU (and chrF) on the validation set, and on the test set when the sweep asks;
+* a translation model: sacreBLEU (and chrF) on the validation set, and on the test set when
+  the sweep asks (a language model is scored by its validation loss alone);
 * its training FLOPs, counted over the batches it trained on (aiayn/inspect/calc.py,
-  :func:`~aiayn.inspect.calc.translation_batch_flops`), and its training wall time with the
+  :func:`~aiayn.inspect.calc.translation_batch_flops`; a language model's batches all have
+  one shape: :func:`~aiayn.inspect.calc.training_flops_per_token`), and its training wall time with the
   host's fp32 matmul rate measured beside it -- the time depends on the host and on what else
   ran; the work does not.
 """
@@ -39,10 +41,11 @@ from aiayn.device import matmul_gflops
 from aiayn.evaluate.translation import evaluate_translation
 from aiayn.experiment.spec import Sweep, Variant
 from aiayn.generate.beam import BeamConfig
-from aiayn.inspect.calc import translation_batch_flops
+from aiayn.inspect.calc import training_flops_per_token, translation_batch_flops
 from aiayn.models import EncoderDecoder
 from aiayn.train.config import RunConfig
-from aiayn.train.loop import NonFiniteLoss, TrainingInterrupted
+from aiayn.train.lm import train_lm
+from aiayn.train.loop import FitResult, NonFiniteLoss, TrainingInterrupted
 from aiayn.train.translate import encode_pairs, load_pairs, train_translation
 
 RESULT_FILE = "result.json"
@@ -122,6 +125,25 @@ def _bleu(
     return scores.bleu, scores.chrf
 
 
+def _model_summary(c: Any) -> dict[str, Any]:
+    return {
+        "arch": c.arch,
+        "n_layers": c.n_layers,
+        "n_decoder_layers": c.decoder_layers,
+        "d_model": c.d_model,
+        "d_ff": c.d_ff,
+        "n_heads": c.n_heads,
+        "d_head": c.head_dim,
+        "dropout": c.dropout,
+        "positional": c.positional,
+        "norm_position": c.norm_position,
+        "attention_score": c.attention_score,
+        "attention_scale": c.attention_scale,
+        "residual": c.residual,
+        "rnn": c.rnn,
+    }
+
+
 def score_variant(
     sweep: Sweep, variant: Variant, folder: Path, root: Path, *, diverged: str | None = None
 ) -> dict[str, Any]:
@@ -140,31 +162,25 @@ def score_variant(
     }
     bundle = load_bundle(folder / "checkpoint")
     model, tokenizer = bundle.model, bundle.tokenizer
-    assert isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer)
     c = model.config
-    result["model"] = {
-        "n_layers": c.n_layers,
-        "n_decoder_layers": c.decoder_layers,
-        "d_model": c.d_model,
-        "d_ff": c.d_ff,
-        "n_heads": c.n_heads,
-        "d_head": c.head_dim,
-        "dropout": c.dropout,
-        "positional": c.positional,
-        "norm_position": c.norm_position,
-        "attention_score": c.attention_score,
-        "attention_scale": c.attention_scale,
-        "residual": c.residual,
-    }
+    result["model"] = _model_summary(c)
     result["label_smoothing"] = run.train.label_smoothing
     result["params"] = model.num_parameters()
-    flops, tokens = training_flops(run, c, tokenizer, root)
-    result["train_flops"], result["train_target_tokens"] = flops, tokens
+    result["params_non_embedding"] = model.num_parameters(exclude_embeddings=True)
     history = RunDir(folder).load()[1].history
     vals = [h["val_loss"] for h in history if "val_loss" in h]
     result["val_loss"] = vals[-1] if vals else math.nan
     result["val_ppl"] = math.exp(min(result["val_loss"], 50.0))
     result["best_val_loss"] = min(vals) if vals else math.nan
+    if c.arch == "decoder":  # a language model: the loss is the score
+        tc = run.train
+        tokens = sweep.steps * tc.batch_size * tc.block_size * tc.grad_accum
+        result["train_tokens"] = tokens
+        result["train_flops"] = float(training_flops_per_token(c, tc.block_size) * tokens)
+        return result
+    assert isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer)
+    flops, tokens = training_flops(run, c, tokenizer, root)
+    result["train_flops"], result["train_target_tokens"] = flops, tokens
     beam = BeamConfig(beam_size=sweep.beam) if sweep.beam else None
     model.eval()
     src, tgt = run.data.source_lang, run.data.target_lang
@@ -180,6 +196,11 @@ def score_variant(
         result["test_sentences"] = len(test_pairs)
     result["score_seconds"] = time.perf_counter() - t0
     return result
+
+
+def _train(run: RunConfig, folder: Path, root: Path, **kw: Any) -> FitResult:
+    trainer = train_lm if run.model.arch == "decoder" else train_translation
+    return trainer(run, folder, root, **kw)
 
 
 def run_variant(
@@ -213,9 +234,7 @@ def run_variant(
     t0 = time.perf_counter()
     diverged = None
     try:
-        fit = train_translation(
-            run, folder, root, resume=resume, stop_after=stop_after, progress=progress
-        )
+        fit = _train(run, folder, root, resume=resume, stop_after=stop_after, progress=progress)
     except NonFiniteLoss as err:
         diverged, fit = str(err), None
     finally:
@@ -267,8 +286,13 @@ def collect(sweep: Sweep, out: Path) -> list[dict[str, Any]]:
 
 
 def _summary(r: dict[str, Any]) -> str:
-    if "val_bleu" not in r:
+    if "val_loss" not in r:
         return f"{r['name']}: diverged before its first checkpoint"
+    if "val_bleu" not in r:
+        return (
+            f"{r['name']}: val loss {r['val_loss']:.4f}; {r['params'] / 1e6:.2f}M params,"
+            f" {r['train_flops'] / 1e12:.1f} TFLOP, {r['train_seconds'] / 60:.1f} min"
+        )
     test = f", test BLEU {r['test_bleu']:.2f}" if "test_bleu" in r else ""
     return (
         f"{r['name']}: val ppl {r['val_ppl']:.2f}, val BLEU {r['val_bleu']:.2f}{test};"

@@ -7,6 +7,8 @@ The file (``aiayn experiment SWEEP.toml``)::
     base = "../configs/table3_base.toml"   # a run config, relative to this file
     steps = 600                            # every variant trains this many steps ...
     max_tokens = 2048                      # ... of token-count batches of this size
+                                           # (translation; a language model's batches are
+                                           # its base config's batch_size x block_size)
     val_limit = 0                          # validation sentences scored by BLEU (0 = all)
     test = true                            # also score the test set (the final table)
     beam = 4                               # beam size of the BLEU scoring (0 = greedy)
@@ -34,10 +36,20 @@ from typing import Any
 from aiayn.train.config import RunConfig, load_run_config
 
 # Settings that would give a variant other training data or another amount of it.
-FIXED = ("train.max_steps", "train.max_tokens", "train.seed", "train.max_minutes")
+FIXED = (
+    "train.max_steps",
+    "train.max_tokens",
+    "train.batch_size",
+    "train.block_size",
+    "train.grad_accum",
+    "train.seed",
+    "train.max_minutes",
+)
 FIXED_PREFIXES = ("data.",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SWEEP_KEYS = {"title", "base", "steps", "max_tokens", "val_limit", "test", "beam", "set"}
+_SWEEP_KEYS = {
+    "title", "base", "steps", "max_tokens", "val_limit", "test", "beam", "set", "plot",
+}  # fmt: skip
 _VARIANT_KEYS = {"name", "row", "note", "set"}
 
 
@@ -54,22 +66,21 @@ class Sweep:
     title: str
     base: Path
     steps: int
-    max_tokens: int
+    max_tokens: int | None  # translation's token-count batches; None for a language model
     variants: tuple[Variant, ...]
     val_limit: int = 0
     test: bool = True
     beam: int = 4
     shared: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None
+    plot: str = "bars"  # "bars" (every variant's score) or "scaling" (loss against size)
 
     def overrides(self, variant: Variant) -> dict[str, Any]:
         """Everything a variant's run changes in the base config."""
-        return {
-            **self.shared,
-            **variant.overrides,
-            "train.max_steps": self.steps,
-            "train.max_tokens": self.max_tokens,
-        }
+        fixed: dict[str, Any] = {"train.max_steps": self.steps}
+        if self.max_tokens is not None:
+            fixed["train.max_tokens"] = self.max_tokens
+        return {**self.shared, **variant.overrides, **fixed}
 
     def run_config(self, variant: Variant) -> RunConfig:
         return load_run_config(self.base, self.overrides(variant))
@@ -163,17 +174,28 @@ def load_sweep(path: str | Path) -> Sweep:
         title=str(head.get("title", p.stem)),
         base=base,
         steps=_positive(str(p), "steps", head.get("steps")),
-        max_tokens=_positive(str(p), "max_tokens", head.get("max_tokens")),
+        max_tokens=None
+        if head.get("max_tokens") is None
+        else _positive(str(p), "max_tokens", head.get("max_tokens")),
         variants=tuple(variants),
         val_limit=_positive(str(p), "val_limit", head.get("val_limit", 0), zero=True),
         test=bool(head.get("test", True)),
         beam=_positive(str(p), "beam", head.get("beam", 4), zero=True),
         shared=_overrides(f"{p} [sweep]", head.get("set", {})),
         source=p.resolve(),
+        plot=str(head.get("plot", "bars")),
     )
+    if sweep.plot not in ("bars", "scaling"):
+        raise ValueError(f"{p}: plot = {sweep.plot!r} is invalid: expected 'bars' or 'scaling'")
     for v in sweep.variants:
         try:
             sweep.run_config(v)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{p}, variant {v.name!r}: {err}") from err
+        arch = sweep.run_config(v).model.arch
+        if arch not in ("encoder-decoder", "decoder"):
+            raise ValueError(f"{p}, variant {v.name!r}: a sweep trains translation or language"
+                             f" models, not arch={arch!r}")  # fmt: skip
+        if arch == "encoder-decoder" and sweep.max_tokens is None:
+            raise ValueError(f"{p}: [sweep] needs max_tokens for translation variants")
     return sweep

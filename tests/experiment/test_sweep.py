@@ -154,3 +154,61 @@ def test_bad_sweep_files_are_named(setup: tuple[Path, Path], edit: str, message:
     path.write_text(SWEEP.replace(edit, replacement, 1))
     with pytest.raises(ValueError, match=message):
         load_sweep(path)
+
+
+LM_SWEEP = """
+[sweep]
+title = "tiny scaling"
+base = "lm.toml"
+steps = 6
+plot = "scaling"
+set = { "model.dropout" = 0.0 }
+
+[[variant]]
+name = "small"
+set = { "model.n_layers" = 1, "model.d_model" = 16, "model.n_heads" = 2, "model.d_ff" = 32 }
+
+[[variant]]
+name = "mid"
+
+[[variant]]
+name = "large"
+set = { "model.n_layers" = 3, "model.d_model" = 48, "model.d_ff" = 96 }
+"""
+
+
+def test_language_model_sweep_fits_power_laws(tmp_path: Path) -> None:
+    """A decoder-only sweep: scored by validation loss, FLOPs from the fixed batch shape, and
+    a scaling report whose power laws are the least-squares lines of the log-log points."""
+    import math
+
+    import numpy as np
+
+    from aiayn.checkpoint import read_config
+    from aiayn.experiment import run_sweep
+    from aiayn.experiment.report import scaling_fits
+    from aiayn.inspect.calc import training_flops_per_token
+    from tests.train.test_lm_training import TOML as LM_TOML
+
+    (tmp_path / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "lm.toml").write_text(LM_TOML)
+    (tmp_path / "sweep.toml").write_text(LM_SWEEP)
+    sweep = load_sweep(tmp_path / "sweep.toml")
+    results = run_sweep(sweep, tmp_path / "out", tmp_path, progress=False, say=lambda _: None)
+    assert [r["name"] for r in results] == ["small", "mid", "large"]
+    sizes = [r["params_non_embedding"] for r in results]
+    assert sizes == sorted(sizes) and "val_bleu" not in results[0]
+    for r in results:
+        config = read_config(tmp_path / "out" / "runs" / r["name"] / "checkpoint")
+        assert r["train_tokens"] == 6 * 4 * 16
+        assert r["train_flops"] == training_flops_per_token(config, 16) * 6 * 4 * 16
+        assert math.isfinite(r["val_loss"])
+    fits = scaling_fits(results)
+    x = np.log([r["params_non_embedding"] for r in results])
+    y = np.log([r["val_loss"] for r in results])
+    slope = np.polyfit(x, y, 1)[0]
+    assert fits["params_non_embedding"]["alpha"] == pytest.approx(-slope)
+    paths = write_report(sweep, results, tmp_path / "out")
+    assert (tmp_path / "out" / "plot.png").stat().st_size > 1000 and len(paths) == 4
+    assert "power_laws" in json.loads((tmp_path / "out" / "results.json").read_text())
+    assert "| val loss |" in (tmp_path / "out" / "table.md").read_text()
