@@ -45,6 +45,11 @@ def _overrides(pairs: Sequence[str]) -> dict[str, object]:
     return out
 
 
+def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """``--set`` overrides, with ``--device`` as ``train.device`` when given."""
+    return _overrides(args.set) | ({"train.device": args.device} if args.device else {})
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     with torch.device("meta"):
         for name in presets():
@@ -169,7 +174,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     root = data_dir(args.data)
-    overrides = _overrides(args.set) | ({"train.device": args.device} if args.device else {})
+    overrides = _train_overrides(args)
     run = load_run_config(args.config, overrides)
     rd = RunDir(args.out)
     rd.recover()
@@ -215,7 +220,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aiayn.train.lm import train_lm
     from aiayn.train.translate import train_translation
 
-    overrides = _overrides(args.set) | ({"train.device": args.device} if args.device else {})
+    overrides = _train_overrides(args)
     run = load_run_config(args.config, overrides)
     trainers = {"decoder": train_lm, "encoder-decoder": train_translation}
     if run.model.arch not in trainers:
@@ -270,12 +275,12 @@ def _device(args: argparse.Namespace) -> torch.device:
 def _load_translator(
     path: str, device: torch.device | None = None
 ) -> tuple[EncoderDecoder, BPETokenizer]:
-    from aiayn.device import inference_dtype
+    from aiayn.device import for_inference
 
     bundle = load_bundle(path)
     model, tokenizer = bundle.model, bundle.tokenizer
     if device is not None:
-        model.to(device, inference_dtype(device))
+        for_inference(model, device)
     if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
     return model.eval(), tokenizer
@@ -316,12 +321,12 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def _load_lm(path: str, device: torch.device | None = None) -> tuple[DecoderLM, Tokenizer]:
-    from aiayn.device import inference_dtype
+    from aiayn.device import for_inference
 
     bundle = load_bundle(path)
     model, tokenizer = bundle.model, bundle.tokenizer
     if device is not None:
-        model.to(device, inference_dtype(device))
+        for_inference(model, device)
     if not isinstance(model, DecoderLM):
         raise ValueError(
             f"{path} holds a {type(model).__name__}, not a decoder-only language model"
@@ -367,13 +372,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import math
 
     from aiayn.data.lm_data import TokenStream
-    from aiayn.device import inference_dtype
+    from aiayn.device import for_inference
     from aiayn.evaluate.perplexity import evaluate_lm
 
     bundle = load_bundle(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
-    device = _device(args)
-    model.to(device, inference_dtype(device))
+    for_inference(model, _device(args))
     data = bundle.run.get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)

@@ -17,9 +17,12 @@ import statistics
 import time
 from functools import cache
 from pathlib import Path
+from typing import TypeVar
 
 import torch
+from torch import nn
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -100,6 +103,13 @@ def inference_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
+
+
+def for_inference(model: ModuleT, device: torch.device) -> ModuleT:
+    """``model`` on ``device`` in :func:`inference_dtype`, in evaluation mode: what every
+    command that decodes or scores does with a loaded checkpoint."""
+    model.to(device, inference_dtype(device))
+    return model.eval()
 
 
 def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:

@@ -30,7 +30,7 @@ from aiayn.checkpoint import (
 from aiayn.checkpoint.run_dir import CHECKPOINTS
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
-from aiayn.device import inference_dtype
+from aiayn.device import for_inference
 from aiayn.inspect.attention_maps import untrained_config
 from aiayn.models import TransformerModel, build_model
 
@@ -210,7 +210,7 @@ class Registry:
         else:
             torch.manual_seed(0)
             model, tokenizer = build_model(entry.config), CharTokenizer(PRESET_CHARS)
-        model.to(device, inference_dtype(device)).eval()
+        for_inference(model, device)
         return Loaded(entry, model, tokenizer)
 
     def describe(self) -> list[dict[str, Any]]:
