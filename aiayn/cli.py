@@ -243,18 +243,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     sweep = load_sweep(args.sweep)
     out = Path(args.out) if args.out else Path("runs") / Path(args.sweep).stem
-    if args.report_only:
-        results = collect(sweep, out)
-    else:
-        print(f"{sweep.title}: {len(sweep.variants)} variants, {sweep.steps} steps of"
-              f" {sweep.max_tokens} tokens each, in {out}")  # fmt: skip
+    if not args.report_only:
+        batches = f" of {sweep.max_tokens} tokens" if sweep.max_tokens else ""
+        print(f"{sweep.title}: {len(sweep.variants)} variants, {sweep.steps} steps{batches}"
+              f" each, in {out}")  # fmt: skip
         try:
-            results = run_sweep(
-                sweep, out, data_dir(args.data), only=args.only, progress=not args.quiet
-            )
-        finally:
-            write_report(sweep, collect(sweep, out), out)
-    for path in write_report(sweep, results, out):
+            run_sweep(sweep, out, data_dir(args.data), only=args.only, progress=not args.quiet)
+        except BaseException:
+            write_report(sweep, collect(sweep, out), out)  # what finished, before stopping
+            raise
+    for path in write_report(sweep, collect(sweep, out), out):
         print(f"wrote {path}")
     print((out / "table.md").read_text())
     return 0

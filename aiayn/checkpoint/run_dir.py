@@ -58,7 +58,7 @@ from aiayn.checkpoint.bundle import (
     write_bundle_files,
 )
 from aiayn.checkpoint.model import write_config
-from aiayn.checkpoint.sharded import save_sharded
+from aiayn.checkpoint.sharded import check_shards_present, save_sharded
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
 
@@ -229,30 +229,55 @@ class RunDir:
         """Commit a checkpoint whose model and optimizer every rank writes as its own shard
         (collective: every process calls it; aiayn/checkpoint/sharded.py).  ``state`` and the
         other files come from rank 0, which commits the folder as :meth:`save_checkpoint`."""
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        distributed = dist.is_available() and dist.is_initialized()
+        rank = dist.get_rank() if distributed else 0
         target = self.checkpoints / step_dir_name(state.step)
-        tmp: list[Path | None] = [None]
+
+        def agree(box: list[Any]) -> list[Any]:
+            """Rank 0's values, on every rank (a barrier, too)."""
+            if distributed:
+                dist.broadcast_object_list(box, src=0)
+            return box
+
+        # 1. rank 0 makes the temporary folder; every rank learns its name -- or the error.
+        made: list[Any] = [None, None]
         if rank == 0:
-            self.checkpoints.mkdir(parents=True, exist_ok=True)
-            tmp[0] = begin_folder(target)
-        if dist.is_available() and dist.is_initialized():
-            dist.broadcast_object_list(tmp, src=0)
-        folder = tmp[0]
-        assert folder is not None
+            try:
+                self.checkpoints.mkdir(parents=True, exist_ok=True)
+                made[0] = begin_folder(target)
+            except Exception as err:
+                made[1] = f"{type(err).__name__}: {err}"
+        folder, error = agree(made)
+        if error is not None:
+            raise OSError(f"cannot start the checkpoint {target}: {error}")
+        # 2. every rank writes its shard (collective: a failure there reaches every rank).
         try:
             save_sharded(folder, model, optimizer)
-            if rank == 0:
-                write_config(model, folder)  # type: ignore[arg-type]
-                tokenizer.save(folder / TOKENIZER_FILE)
-                (folder / RUN_FILE).write_text(json.dumps(run, indent=2))
-                torch.save(asdict(state), folder / STATE_FILE)
         except BaseException:
             if rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
             raise
+        # 3. rank 0 adds the rest and commits; the others must learn whether it did.
+        outcome: list[Any] = [None]
         if rank == 0:
-            commit_folder(folder, target)
-            self._point_at(target)
+            try:
+                write_config(model, folder)  # type: ignore[arg-type]
+                tokenizer.save(folder / TOKENIZER_FILE)
+                (folder / RUN_FILE).write_text(json.dumps(run, indent=2))
+                torch.save(asdict(state), folder / STATE_FILE)
+                check_shards_present(folder)
+                commit_folder(folder, target)
+                self._point_at(target)
+            except BaseException as err:
+                shutil.rmtree(folder, ignore_errors=True)
+                outcome[0] = f"{type(err).__name__}: {err}"
+                agree(outcome)
+                raise
+        # 4. every rank waits for the commit, and fails with rank 0 if it failed.
+        (error,) = agree(outcome)
+        if error is not None:
+            raise OSError(f"rank 0 could not commit the checkpoint {target}: {error}")
+        if rank == 0:
             for _, old in self._complete():
                 if old != target:
                     shutil.rmtree(old, ignore_errors=True)

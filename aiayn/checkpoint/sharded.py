@@ -69,6 +69,24 @@ def save_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
         dcp.save(state, checkpoint_id=folder / SHARDED_DIR, no_dist=not _distributed())
 
 
+def check_shards_present(folder: Path) -> None:
+    """Raise OSError unless every shard file DCP's metadata names is in ``folder/dcp`` -- on
+    machines that do not share the run folder, another node's shard would be missing."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    shards = folder / SHARDED_DIR
+    names = {
+        item.relative_path
+        for item in FileSystemReader(shards).read_metadata().storage_data.values()
+    }
+    missing = sorted(n for n in names if not (shards / n).is_file())
+    if missing:
+        raise OSError(
+            f"shard file(s) {missing} were not written to {shards}: every process must write"
+            " into the same run folder (a file system all machines share)"
+        )
+
+
 def _load(folder: Path, state: dict[str, Any], *, no_dist: bool) -> None:
     try:
         with _quiet_single_process():

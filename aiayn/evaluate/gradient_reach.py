@@ -56,7 +56,10 @@ def gradient_by_distance(
         captured.append(output)
 
     handle = _decoder_input_module(model).register_forward_hook(keep)
+    # cuDNN's RNN backward refuses evaluation mode; the native kernels compute the same thing.
+    no_cudnn = torch.backends.cudnn.flags(enabled=False)
     try:
+        no_cudnn.__enter__()
         for src, tgt_in, tgt_out in batches:
             captured.clear()
             model.zero_grad(set_to_none=True)
@@ -75,6 +78,7 @@ def gradient_by_distance(
                 sums[: k + 1] += norms[b, t - k : t + 1].flip(0)
                 counts[: k + 1] += 1
     finally:
+        no_cudnn.__exit__(None, None, None)
         handle.remove()
         model.zero_grad(set_to_none=True)
     means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.nan)

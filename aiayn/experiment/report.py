@@ -36,11 +36,13 @@ OTHER = {  # setting -> how a non-default value reads in the "other" column
     "attention_scale": lambda v: "" if v else "no 1/√d_k",
     "residual": lambda v: "" if v else "no residual",
     "norm_position": lambda v: f"{v}-LN",
+    "rnn": lambda v: "Transformer" if v is None else f"{v.upper()}",
+    "rnn_attention": lambda v: "" if v is None else ("attention" if v else "no attention"),
 }
 CSV_FIELDS = [
     "name", "row", "note", "n_layers", "d_model", "d_ff", "n_heads", "d_head", "dropout",
     "label_smoothing", "positional", "norm_position", "attention_score", "attention_scale",
-    "residual", "rnn", "params", "params_non_embedding", "steps", "max_tokens",
+    "residual", "rnn", "rnn_attention", "params", "params_non_embedding", "steps", "max_tokens",
     "train_target_tokens", "train_tokens", "train_flops", "train_seconds", "matmul_gflops",
     "val_loss", "val_ppl", "best_val_loss", "val_bleu",
     "val_chrf", "test_bleu", "test_chrf", "diverged",
@@ -68,7 +70,8 @@ def _fmt(value: Any, digits: int) -> str:
 def markdown_table(sweep: Sweep, results: list[dict[str, Any]]) -> str:
     """Table 3's layout (see the module docstring); a language-model sweep shows the
     validation loss in place of the translation scores."""
-    base = next((r for r in results if r["row"] == "base"), results[0] if results else None)
+    trained = [r for r in results if "model" in r]
+    base = next((r for r in trained if r["row"] == "base"), trained[0] if trained else None)
     lm = bool(results) and all("val_bleu" not in r for r in results if "model" in r)
     scores = ["val loss", "PPL (dev)"] if lm else ["PPL (dev)", "BLEU (dev)"]
     head = ["", "variant"] + [c for c, _ in COLUMNS] + ["other", *scores]

@@ -94,15 +94,17 @@ def training_flops(
 ) -> tuple[float, int]:
     """FLOPs of the batches the run trained on, in order, and the target tokens they held
     (padding excluded) -- the same batches :class:`~aiayn.train.translate.TranslationTask`
-    draws: token-count batches of the training pairs, reshuffled every epoch."""
+    draws: token-count batches of the training pairs, reshuffled every epoch, ``grad_accum``
+    of them per step (a sweep runs in one process)."""
     pairs = encode_pairs(load_pairs(run, root, "train"), tokenizer)
     lengths = [(len(s), len(t) - 1) for s, t in pairs]
     tc = run.train
     max_tokens = tc.max_tokens or tc.batch_size * max(max(s, t) for s, t in lengths)
     flops, tokens, steps, epoch = 0.0, 0, 0, 0
-    while steps < tc.max_steps:
+    total = tc.max_steps * tc.grad_accum  # batches
+    while steps < total:
         for batch in token_batches(lengths, max_tokens, seed=tc.seed, epoch=epoch):
-            if steps == tc.max_steps:
+            if steps == total:
                 break
             source = max(lengths[i][0] for i in batch)
             target = max(lengths[i][1] for i in batch)
@@ -141,6 +143,7 @@ def _model_summary(c: Any) -> dict[str, Any]:
         "attention_scale": c.attention_scale,
         "residual": c.residual,
         "rnn": c.rnn,
+        "rnn_attention": c.rnn_attention if c.rnn else None,
     }
 
 
@@ -217,6 +220,7 @@ def run_variant(
     stopped it early (a planned interruption, for tests)."""
     folder = out / "runs" / variant.name
     done = folder / RESULT_FILE
+    run = sweep.run_config(variant)
     if done.is_file():
         result: dict[str, Any] = json.loads(done.read_text())
         if result.get("overrides") != json.loads(json.dumps(variant.overrides)):
@@ -224,9 +228,11 @@ def run_variant(
                 f"variant {variant.name!r} was run with other settings ({result.get('overrides')});"
                 f" remove {folder} to run it again, or rename the variant"
             )
+        # The whole resolved config -- base file, shared settings, steps -- must match too.
+        _check_same_config(folder, run, variant.name)
         return result
-    run = sweep.run_config(variant)
     _check_same_config(folder, run, variant.name)
+    # A run killed before its first checkpoint left only a log: nothing to resume, start over.
     resume = RunDir(folder).latest() is not None
     folder.mkdir(parents=True, exist_ok=True)
     rate = matmul_gflops(2048)
@@ -234,7 +240,15 @@ def run_variant(
     t0 = time.perf_counter()
     diverged = None
     try:
-        fit = _train(run, folder, root, resume=resume, stop_after=stop_after, progress=progress)
+        fit = _train(
+            run,
+            folder,
+            root,
+            resume=resume,
+            overwrite=not resume,
+            stop_after=stop_after,
+            progress=progress,
+        )
     except NonFiniteLoss as err:
         diverged, fit = str(err), None
     finally:

@@ -102,6 +102,12 @@ def _positive(where: str, key: str, value: object, *, zero: bool = False) -> int
     return value
 
 
+def _boolean(where: str, key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: {key} = {value!r} is invalid: expected true or false")
+    return value
+
+
 def _overrides(where: str, table: object) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ValueError(f'{where}: set must be a table of "section.name" = value')
@@ -157,9 +163,9 @@ def load_sweep(path: str | Path) -> Sweep:
             raise ValueError(
                 f"{where}: name = {name!r} is invalid: expected letters, digits, '-', '_', '.'"
             )
-        if name in seen:
+        if name.lower() in seen:  # one folder per name, on case-insensitive file systems too
             raise ValueError(f"{where}: the name {name!r} is used twice")
-        seen.add(name)
+        seen.add(name.lower())
         variants.append(
             Variant(
                 name,
@@ -179,7 +185,7 @@ def load_sweep(path: str | Path) -> Sweep:
         else _positive(str(p), "max_tokens", head.get("max_tokens")),
         variants=tuple(variants),
         val_limit=_positive(str(p), "val_limit", head.get("val_limit", 0), zero=True),
-        test=bool(head.get("test", True)),
+        test=_boolean(str(p), "test", head.get("test", True)),
         beam=_positive(str(p), "beam", head.get("beam", 4), zero=True),
         shared=_overrides(f"{p} [sweep]", head.get("set", {})),
         source=p.resolve(),
@@ -192,6 +198,11 @@ def load_sweep(path: str | Path) -> Sweep:
             sweep.run_config(v)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{p}, variant {v.name!r}: {err}") from err
+        if sweep.run_config(v).train.max_minutes is not None:
+            raise ValueError(
+                f"{p}: the base config sets train.max_minutes: a sweep's variants train for"
+                " fixed steps, never a time budget"
+            )
         arch = sweep.run_config(v).model.arch
         if arch not in ("encoder-decoder", "decoder"):
             raise ValueError(f"{p}, variant {v.name!r}: a sweep trains translation or language"

@@ -80,8 +80,6 @@ class Entry:
     example: str = LM_EXAMPLE  # what the page's text box starts with for this model
 
     def describe(self) -> dict[str, Any]:
-        from aiayn.inspect.calc import parameter_count
-
         c = self.config
         return {
             "name": self.name,
@@ -92,9 +90,20 @@ class Entry:
             "n_heads": c.n_heads,
             "d_model": c.d_model,
             "max_len": c.max_len,
-            "parameters": parameter_count(c),
+            "parameters": _parameters(c),
             "example": self.example,
         }
+
+
+def _parameters(c: ModelConfig) -> int:
+    """From the config alone; the RNN baselines, which aiayn.inspect.calc does not cover, are
+    built on the meta device (no memory) and counted."""
+    from aiayn.inspect.calc import parameter_count
+
+    if c.rnn is None:
+        return parameter_count(c)
+    with torch.device("meta"):
+        return build_model(c).num_parameters()
 
 
 @dataclass

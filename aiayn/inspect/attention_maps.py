@@ -157,6 +157,9 @@ def attention_maps(
             name = "encoder" if model.config.arch == "encoder" else "self"
             streams.append((name, ws, src_labels, src_labels))
 
+    streams = [s for s in streams if s[1]]  # an RNN baseline has cross-attention at most
+    if not streams:
+        raise ValueError(f"{type(model).__name__} records no attention weights to draw")
     for name, ws, _, _ in streams:
         _check_index("layer", layer, len(ws), f"{name} attention")
         _check_index("head", head, ws[0].shape[1], f"{name} attention")

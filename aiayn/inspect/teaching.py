@@ -130,7 +130,9 @@ def kernel_regression(
 ) -> torch.Tensor:
     """Nadaraya-Watson: f(x) = sum_i K(x - x_i) y_i / sum_j K(x - x_j), K(u) = exp(-u^2/2s^2),
     written as the formula: (N,) samples, (M,) queries -> (M,) estimates."""
-    kernel = torch.exp(-((x[:, None] - x_train[None, :]) ** 2) / (2 * sigma**2))  # (M, N)
+    exponent = -((x[:, None] - x_train[None, :]) ** 2) / (2 * sigma**2)  # (M, N)
+    # K(u) / K(u_min): the same ratios, without underflow to 0/0 for a narrow kernel
+    kernel = torch.exp(exponent - exponent.amax(-1, keepdim=True))
     return (kernel @ y_train) / kernel.sum(-1)
 
 

@@ -128,6 +128,7 @@ def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     _check(want, c, norm_position=("pre",), activation=tuple(_GPT2_ACTIVATIONS_BACK))
     _check(want, c, bias=(True,), scale_embeddings=(False,), kv_heads=(c.n_heads,))
     _check(want, c, head_dim=(c.d_model // c.n_heads,))
+    _check(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
     # GPT-2's default special token 50256 only exists in its own vocabulary.
     special = {} if c.vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None}
     return _transformers().GPT2Config(
@@ -147,6 +148,7 @@ def _llama_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     _check(want, c, arch=("decoder",), positional=("rope",), norm=("rmsnorm",))
     _check(want, c, norm_position=("pre",), activation=("swiglu",))
     _check(want, c, bias=(False,), scale_embeddings=(False,))
+    _check(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
     scaling = None if c.rope_scaling == 1.0 else {"rope_type": "linear", "factor": c.rope_scaling}
     return _transformers().LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,

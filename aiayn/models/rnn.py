@@ -38,6 +38,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from aiayn.config import ModelConfig
 from aiayn.models.base import TransformerModel
 from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.nn.attention import masked_softmax
 from aiayn.nn.context import AttentionRecord, Record
 from aiayn.nn.embedding import check_ids
 from aiayn.nn.linear import Linear
@@ -79,14 +80,14 @@ class AdditiveAttention(nn.Module):
 
     def forward(
         self, s: Tensor, memory: Tensor, keys: Tensor, keep: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """(B, T, C) decoder states -> (B, T, C) contexts and (B, T, S) weights."""
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, C) decoder states -> (B, T, C) contexts, (B, T, S) weights and the (B, T, S)
+        scores before the mask.  A source with no real token gets zero weights, not NaN."""
         hidden = torch.tanh(self.query(s).unsqueeze(2) + keys.unsqueeze(1))  # (B, T, S, C)
         scores = self.w(hidden).squeeze(-1)  # (B, T, S)
-        if keep is not None:
-            scores = scores.masked_fill(~keep[:, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return weights @ memory, weights  # (B, T, C), (B, T, S)
+        mask = None if keep is None else keep[:, None, :]
+        weights = masked_softmax(scores, mask, is_causal=False, window=None)
+        return weights @ memory, weights, scores  # (B, T, C), (B, T, S), (B, T, S)
 
 
 class RNNEncoderDecoder(EncoderDecoder):
@@ -132,7 +133,15 @@ class RNNEncoderDecoder(EncoderDecoder):
         if keep is None:
             memory, _ = self.encoder_rnn(x)
         else:
-            lengths = keep.sum(-1).clamp(min=1).cpu()
+            lengths = keep.sum(-1).clamp(min=1)
+            if not bool(
+                (keep == (torch.arange(keep.shape[1], device=keep.device) < lengths[:, None])).all()
+            ):
+                raise ValueError(
+                    "an RNN encoder reads right-padded sources: every source mask must be a"
+                    " run of real tokens followed by padding"
+                )
+            lengths = lengths.cpu()
             packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
             out, _ = self.encoder_rnn(packed)
             memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
@@ -165,7 +174,9 @@ class RNNEncoderDecoder(EncoderDecoder):
         and ``memory`` is needed on the first call only."""
         check_ids(tgt, self.config.vocab_size, "tgt")
         if cache is not None:
-            if memory is not None:
+            if cache.state is None:  # the first step: the encoder output starts the decoder
+                if memory is None:
+                    raise ValueError("the first decoding step needs the encoder output (memory)")
                 cache.memory, cache.memory_mask = memory, src_keep
                 cache.keys = None if self.attention is None else self.attention.key(memory)
                 cache.state = self.initial_state(memory, src_keep)
@@ -176,20 +187,18 @@ class RNNEncoderDecoder(EncoderDecoder):
                 raise ValueError("decode needs the encoder output (memory) without a cache")
             state = self.initial_state(memory, src_keep)
             keys = None if self.attention is None else self.attention.key(memory)
-        if memory is None:
-            raise ValueError("the decoder needs the encoder output (memory) on its first step")
+        assert memory is not None
         x = F.dropout(self.tgt_token(tgt), self.config.dropout, self.training)  # (B, T, C)
         out, state = self.decoder_rnn(x, state)  # (B, T, C)
         if cache is not None:
             cache.state, cache.length = state, cache.length + tgt.shape[1]
         if self.attention is not None:
             assert keys is not None and self.combine is not None
-            context, weights = self.attention(out, memory, keys, src_keep)  # (B, T, C)
-            if record is not None and record.wants_attention:
-                w = weights.unsqueeze(1).detach()  # (B, 1, T, S): one "head"
-                record.attention.append(
-                    AttentionRecord("cross", 0, w if record.weights else None, None, False, None)
-                )
+            context, weights, scores = self.attention(out, memory, keys, src_keep)
+            if record is not None and record.wants_attention:  # as one "head": (B, 1, T, S)
+                w = weights.unsqueeze(1).detach() if record.weights else None
+                e = scores.unsqueeze(1).detach().float() if record.scores else None
+                record.attention.append(AttentionRecord("cross", 0, w, e, False, None))
             out = torch.tanh(self.combine(torch.cat([out, context], dim=-1)))
         out = F.dropout(out, self.config.dropout, self.training)
         return out if features_only else self.head(out)  # (B, T, C) or (B, T, V)

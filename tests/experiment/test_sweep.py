@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.cli import main
-from aiayn.experiment import collect, load_sweep, run_variant, write_report
+from aiayn.experiment import collect, load_sweep, markdown_table, run_variant, write_report
 from aiayn.experiment.run import training_flops
 from aiayn.inspect.calc import translation_batch_flops
 from aiayn.models import build_model
@@ -212,3 +212,33 @@ def test_language_model_sweep_fits_power_laws(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "plot.png").stat().st_size > 1000 and len(paths) == 4
     assert "power_laws" in json.loads((tmp_path / "out" / "results.json").read_text())
     assert "| val loss |" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_a_changed_sweep_or_a_run_killed_before_its_checkpoint(
+    setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A finished variant whose sweep-level settings changed is named, not reused; a variant
+    killed before its first checkpoint (only a log left) starts over."""
+    data, path = setup
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    assert run_variant(sweep, sweep.variants[0], out, data, progress=False) is not None
+    path.write_text(SWEEP.replace("steps = 4", "steps = 6"))
+    changed = load_sweep(path)
+    with pytest.raises(ValueError, match="variant 'base'.*other \\[train\\] settings"):
+        run_variant(changed, changed.variants[0], out, data, progress=False)
+    stale = out / "runs" / "A-h1"
+    stale.mkdir(parents=True)
+    (stale / "log.csv").write_text("step,loss,lr,val_loss,tokens_per_s,grad_norm\n1,5.0,0.1,,10,\n")
+    result = run_variant(sweep, sweep.variant("A-h1"), out, data, progress=False)
+    assert result is not None and result["train_invocations"] == 1
+
+
+def test_report_with_a_diverged_base_and_bad_flags(setup: tuple[Path, Path]) -> None:
+    _, path = setup
+    sweep = load_sweep(path)
+    diverged = {"name": "base", "row": "base", "note": "", "overrides": {}, "diverged": "nan"}
+    assert "diverged" in markdown_table(sweep, [diverged])
+    path.write_text(SWEEP.replace("beam = 2", 'beam = 2\ntest = "false"'))
+    with pytest.raises(ValueError, match="test = 'false' is invalid: expected true or false"):
+        load_sweep(path)

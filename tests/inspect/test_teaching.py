@@ -104,3 +104,11 @@ def test_the_bandwidth_is_the_sharpness() -> None:
     assert entropies == sorted(entropies)
     with pytest.raises(ValueError, match="sigma=0 is out of range"):
         nadaraya_watson(0)
+
+
+def test_a_narrow_kernel_stays_finite() -> None:
+    from aiayn.inspect.teaching import nadaraya_watson
+
+    r = nadaraya_watson(0.01)  # exp(-(x - x_i)^2 / 2s^2) underflows for every sample
+    assert r["max_difference_formula_vs_attention"] < 1e-9
+    assert all(math.isfinite(e) for e in r["estimate"])

@@ -147,6 +147,16 @@ def test_unsupported_model_config_raises() -> None:
         to_hf_llama(gpt2_like)
     with pytest.raises(ValueError, match="scale_embeddings"):
         to_hf_gpt2(DecoderLM(gpt2_like.config.replace(scale_embeddings=True)))
+    for ablation in (
+        {"attention_scale": False},
+        {"residual": False},
+        {"attention_score": "additive"},
+    ):
+        name = next(iter(ablation))
+        with pytest.raises(ValueError, match=name):  # HF would compute something else
+            to_hf_gpt2(DecoderLM(gpt2_like.config.replace(**ablation)))
+        with pytest.raises(ValueError, match=name):
+            to_hf_llama(DecoderLM(llama_like.config.replace(**ablation)))
 
 
 def test_unused_hf_weight_raises() -> None:

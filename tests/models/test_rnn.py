@@ -60,7 +60,7 @@ def test_additive_attention_equals_bahdanaus_formula_by_hand() -> None:
     torch.manual_seed(1)
     s, memory = torch.randn(1, 2, 32), torch.randn(1, 3, 32)
     keep = torch.tensor([[True, True, False]])
-    context, weights = att(s, memory, att.key(memory), keep)
+    context, weights, _ = att(s, memory, att.key(memory), keep)
     W, U, b, w = att.query.weight, att.key.weight, att.key.bias, att.w.weight[0]
     for t in range(2):
         e = [float(w @ torch.tanh(W @ s[0, t] + U @ memory[0, j] + b)) for j in range(2)]
@@ -162,3 +162,31 @@ def test_trains_resumes_saves_and_translates_like_the_transformer(tmp_path: Path
             "--output", str(out)]  # fmt: skip
     assert main(argv) == 0
     assert out.read_text().strip()
+
+
+def test_an_empty_source_gives_zeros_and_left_padding_is_refused() -> None:
+    model = small("gru", True)
+    att = model.attention
+    assert att is not None
+    memory = torch.randn(1, 3, 32)
+    context, weights, _ = att(
+        torch.randn(1, 2, 32), memory, att.key(memory), torch.zeros(1, 3, dtype=torch.bool)
+    )
+    assert torch.all(context == 0) and torch.all(weights == 0)  # not NaN
+    src = torch.randint(3, 50, (1, 5))
+    with pytest.raises(ValueError, match="right-padded"):
+        model.encode(src, torch.tensor([[False, True, True, True, True]]))
+
+
+def test_explorer_and_attention_pictures_take_an_rnn_checkpoint(tmp_path: Path) -> None:
+    from aiayn.data.tokenizer import BPETokenizer
+    from aiayn.explore.registry import Entry
+    from aiayn.inspect.attention_maps import attention_maps
+
+    model = small("gru", True, vocab_size=300, pad_id=0)
+    tok = BPETokenizer.from_lines(["ein hund läuft", "a dog runs"] * 20, 300)
+    aiayn.checkpoint.save_bundle(tmp_path / "ckpt", model, tok, {})
+    entry = Entry("gru", model.config, tmp_path / "ckpt")
+    assert entry.describe()["parameters"] == model.num_parameters()
+    paths = attention_maps(tmp_path / "ckpt", "ein hund", tmp_path / "fig", target_text="a dog")
+    assert list(paths) == ["cross"] and paths["cross"].stat().st_size > 1000
