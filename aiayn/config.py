@@ -102,6 +102,9 @@ class ModelConfig:
     # The recurrent baselines of aiayn/models/rnn.py in place of the Transformer (an
     # encoder-decoder only): "gru" or "lstm" layers (n_layers each side, d_model wide), with
     # Bahdanau's additive attention or, rnn_attention = False, the last encoder state only.
+    # An RNN reads vocab_size, src_vocab_size, n_layers, n_decoder_layers, d_model, dropout,
+    # tie_embeddings, pad_id, max_len, init and init_std; the Transformer's other fields
+    # (heads, d_ff, positions, norms, attention options, experts) do not apply to it.
     rnn: Literal["gru", "lstm"] | None = None
     rnn_attention: bool = True
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
