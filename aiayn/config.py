@@ -34,6 +34,7 @@ Arch = Literal["encoder-decoder", "decoder", "encoder"]
 NormPosition = Literal["post", "pre"]
 Init = Literal["xavier", "scaled-normal"]
 Score = Literal["dot", "additive"]
+Mixer = Literal["attention", "linear"]
 # Pluggable parts are named by strings checked against aiayn/registry.py, so that a new one is
 # one module and one registry line.
 Positional = str
@@ -46,6 +47,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "norm_position": get_args(NormPosition),
     "init": get_args(Init),
     "attention_score": get_args(Score),
+    "mixer": get_args(Mixer),
 }
 _REGISTERED = {  # field -> kind in aiayn.registry
     "positional": "positional",
@@ -107,6 +109,12 @@ class ModelConfig:
     # (heads, d_ff, positions, norms, attention options, experts) do not apply to it.
     rnn: Literal["gru", "lstm"] | None = None
     rnn_attention: bool = True
+    # What mixes positions in a decoder-only model's layers: softmax "attention" (Eq. 1), or
+    # "linear" attention (aiayn/nn/linear_attention.py: O(n) training, an O(1) decoding
+    # state).  attention_every = k makes a hybrid: the last layer of every k keeps softmax
+    # attention (Jamba's pattern: one attention layer among recurrent ones).
+    mixer: Mixer = "attention"
+    attention_every: int | None = None
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
     # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
     sliding_window: int | None = None
@@ -156,6 +164,27 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise _fail(name, value, "a probability in [0, 1)")
+        if self.mixer != "attention":
+            if self.arch != "decoder":
+                raise _fail(
+                    "mixer", self.mixer, f"'attention' for arch={self.arch!r} (decoder only)"
+                )
+            for name, ok in (("sliding_window", None), ("attention_score", "dot")):
+                if getattr(self, name) != ok:
+                    raise _fail(name, getattr(self, name), f"{ok!r} with mixer={self.mixer!r}")
+            if self.positional == "alibi":
+                raise _fail(
+                    "positional", "alibi", f"not ALiBi with mixer={self.mixer!r} (no scores)"
+                )
+        if self.attention_every is not None:
+            if self.mixer == "attention":
+                raise _fail("attention_every", self.attention_every, "None with mixer='attention'")
+            if (
+                isinstance(self.attention_every, bool)
+                or not isinstance(self.attention_every, int)
+                or self.attention_every < 1
+            ):
+                raise _fail("attention_every", self.attention_every, "a positive integer or None")
         if self.rnn not in (None, "gru", "lstm"):
             raise _fail("rnn", self.rnn, "'gru', 'lstm' or None (the Transformer)")
         if self.rnn is not None and self.arch != "encoder-decoder":
@@ -214,6 +243,13 @@ class ModelConfig:
     @property
     def decoder_layers(self) -> int:
         return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
+
+    def mixer_at(self, layer: int) -> str:
+        """The mixer of layer ``layer`` (from 0): ``mixer``, except the softmax-attention
+        layers of a hybrid (``attention_every``)."""
+        if self.attention_every is not None and (layer + 1) % self.attention_every == 0:
+            return "attention"
+        return self.mixer
 
     @property
     def source_vocab_size(self) -> int:

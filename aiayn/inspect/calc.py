@@ -214,15 +214,26 @@ def matmul_parameters(config: ModelConfig) -> int:
 # ----- FLOPs ----------------------------------------------------------------------------------
 
 
+def softmax_layers(config: ModelConfig) -> int:
+    """Layers of the decoding stack that attend with the softmax (and so keep keys and values):
+    all of them, except the linear-attention layers of ``mixer = "linear"``."""
+    c = config
+    layers = c.decoder_layers if c.arch == "encoder-decoder" else c.n_layers
+    return sum(c.mixer_at(i) == "attention" for i in range(layers))
+
+
 def _attention_span_sum(config: ModelConfig, context: int) -> int:
-    """Sum over attention sublayers of the keys each query sees."""
+    """Sum over attention sublayers of the keys each query sees.  A linear-attention layer
+    sees a state instead: its width d_head + 1 (S and z of aiayn/nn/linear_attention.py) takes
+    the place of the context -- per token, φ(k)vᵀ into S and φ(q)ᵀS out, whatever the length."""
     c = config
     self_span = kv_cached_positions(c, context)
     if c.arch == "encoder-decoder":  # encoder self, decoder self (maybe windowed), cross
         return c.n_layers * context + c.decoder_layers * (self_span + context)
     if c.arch == "encoder":
         return c.n_layers * context
-    return c.n_layers * self_span
+    softmax = softmax_layers(c)
+    return softmax * self_span + (c.n_layers - softmax) * (c.head_dim + 1)
 
 
 def training_flops_per_token(config: ModelConfig, context: int) -> int:
@@ -304,7 +315,18 @@ def kv_cache_bytes_per_token(config: ModelConfig, dtype_bytes: int | str = 2) ->
     c = config
     if c.arch == "encoder":
         return 0
-    return 2 * c.decoder_layers * c.kv_heads * c.head_dim * dtype_size(dtype_bytes)
+    return 2 * softmax_layers(c) * c.kv_heads * c.head_dim * dtype_size(dtype_bytes)
+
+
+def recurrent_state_bytes(config: ModelConfig, batch: int = 1) -> int:
+    """The fixed-size decoding state of the linear-attention layers, whatever the context:
+    S (d_head x d_head) and z (d_head) per head, accumulated in fp32 (aiayn/nn/
+    linear_attention.py) -- 0 for a model with softmax attention only."""
+    c = config
+    if c.arch != "decoder":
+        return 0
+    linear = c.n_layers - softmax_layers(c)
+    return linear * batch * c.n_heads * c.head_dim * (c.head_dim + 1) * 4
 
 
 def kv_cached_positions(config: ModelConfig, context: int) -> int:
@@ -317,13 +339,13 @@ def kv_cached_positions(config: ModelConfig, context: int) -> int:
 def kv_cache_bytes(
     config: ModelConfig, context: int, batch: int = 1, dtype_bytes: int | str = 2
 ) -> int:
-    """The whole self-attention KV cache for ``batch`` sequences of ``context`` tokens --
-    what ``model.new_cache(batch, context).nbytes()`` allocates.  A sliding window caps the
-    cached positions at the window (a rolling cache)."""
+    """The whole decoding cache for ``batch`` sequences of ``context`` tokens -- what
+    ``model.new_cache(batch, context).nbytes()`` holds once they are decoded: the softmax
+    layers' keys and values (a sliding window caps the cached positions at the window, a
+    rolling cache) and the linear-attention layers' fixed states."""
     _positive("batch", batch)
-    return (
-        kv_cache_bytes_per_token(config, dtype_bytes) * kv_cached_positions(config, context) * batch
-    )
+    kv = kv_cache_bytes_per_token(config, dtype_bytes) * kv_cached_positions(config, context)
+    return kv * batch + recurrent_state_bytes(config, batch)
 
 
 def cross_kv_cache_bytes(
@@ -375,6 +397,7 @@ class CostReport:
     kv_cache_bytes_per_token: int
     kv_cached_positions: int
     kv_cache_bytes: int
+    recurrent_state_bytes: int  # the linear-attention layers' part of kv_cache_bytes
     cross_kv_cache_bytes: int
     attention_sublayers: int
     attention_score_bytes: int  # per sublayer, reference backend
@@ -434,6 +457,7 @@ def cost_report(
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(c, size),
         kv_cached_positions=0 if c.arch == "encoder" else kv_cached_positions(c, context),
         kv_cache_bytes=kv_cache_bytes(c, context, batch, size),
+        recurrent_state_bytes=recurrent_state_bytes(c, batch),
         cross_kv_cache_bytes=cross_kv_cache_bytes(c, context, batch, size),
         attention_sublayers=_attention_sublayers(c),
         attention_score_bytes=attention_score_bytes(c, context, batch, size),
@@ -491,6 +515,11 @@ def format_cost_report(report: CostReport) -> str:
             f"  KV cache             {format_bytes(r.kv_cache_bytes):>10}"
             f"  ({r.kv_cached_positions:,} positions x batch {r.batch})",
         ]
+        if r.recurrent_state_bytes:
+            lines.append(
+                f"    of which states    {format_bytes(r.recurrent_state_bytes):>10}"
+                "  (linear-attention layers: fixed, whatever the context)"
+            )
     if r.arch == "encoder-decoder":
         lines.append(f"  cross-attention K/V  {format_bytes(r.cross_kv_cache_bytes):>10}")
     lines.append(

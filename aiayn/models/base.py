@@ -171,4 +171,5 @@ class TransformerModel(nn.Module):
             window=c.sliding_window,
             dtype=dtype or p.dtype,
             device=p.device,
+            recurrent=[i for i in range(self.cache_layers) if c.mixer_at(i) != "attention"],
         )

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.context import Context
 from aiayn.nn.feedforward import build_feedforward
+from aiayn.nn.linear_attention import LinearSelfAttention
 from aiayn.nn.moe import MixtureOfExperts
 from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.norms import build_norm
@@ -43,7 +44,12 @@ class Block(nn.Module):
         self.residual = c.residual  # False: the ablation without residual connections
 
         def attention(is_cross: bool) -> MultiHeadAttention:
-            return MultiHeadAttention(
+            kind = (
+                LinearSelfAttention
+                if c.mixer_at(layer) == "linear" and not is_cross
+                else MultiHeadAttention
+            )
+            return kind(
                 c.d_model,
                 c.n_heads,
                 c.kv_heads,

@@ -26,7 +26,9 @@ Shapes: B batch, H_kv key/value heads, S cached positions, D head size, W window
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -100,16 +102,24 @@ class KVCache:
 
 @dataclass
 class LayerCache:
-    """Per decoder layer: its self-attention cache, and cross-attention K/V computed once."""
+    """Per decoder layer: its self-attention cache, cross-attention K/V computed once, and
+    the fixed-size state of a recurrent layer (linear attention: aiayn/nn/linear_attention.py),
+    whose key/value cache then has no slots."""
 
     self_kv: KVCache
     cross_kv: tuple[Tensor, Tensor] | None = None
+    state: Any = None  # has .reorder(index) and .nbytes()
 
     def reorder(self, index: Tensor) -> None:
         self.self_kv.reorder(index)
         if self.cross_kv is not None:
             k, v = self.cross_kv
             self.cross_kv = (k.index_select(0, index), v.index_select(0, index))
+        if self.state is not None:
+            self.state.reorder(index)
+
+    def nbytes(self) -> int:
+        return self.self_kv.nbytes() + (0 if self.state is None else self.state.nbytes())
 
 
 class Cache:
@@ -122,6 +132,15 @@ class Cache:
 
     def __init__(self, layers: list[LayerCache]) -> None:
         self.layers = layers
+        self.seen = 0  # positions seen so far
+        # The layers that keep keys (a recurrent layer keeps none): their slots and layout.  When
+        # none does, the key mask and positions keep the newest position only (a ring of one),
+        # so that the cache stays the same size however long decoding runs.
+        keeping = [layer.self_kv for layer in layers if layer.self_kv.capacity]
+        if keeping:
+            self.slots, self.rolling = keeping[0].capacity, keeping[0].rolling
+        else:
+            self.slots, self.rolling = 1, True
         self.key_mask: Tensor | None = None  # (B, slots), allocated on first padded input
         self.real: Tensor | None = None  # (B,) real tokens so far, with key_mask
         self.memory_mask: Tensor | None = None  # (B, S_src) source padding, for cross-attention
@@ -139,26 +158,34 @@ class Cache:
         window: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        recurrent: Sequence[int] = (),
     ) -> Cache:
+        """``recurrent`` layers keep a state of their own instead of keys and values."""
         layers = [
             LayerCache(
                 KVCache(
-                    batch, n_kv_heads, capacity, head_dim, window=window, dtype=dtype, device=device
+                    batch,
+                    n_kv_heads,
+                    0 if i in recurrent else capacity,
+                    head_dim,
+                    window=window,
+                    dtype=dtype,
+                    device=device,
                 )
             )
-            for _ in range(n_layers)
+            for i in range(n_layers)
         ]
         return cls(layers)
 
     @property
     def length(self) -> int:
         """Positions seen so far."""
-        return self.layers[0].self_kv.length
+        return self.seen
 
     @property
     def capacity(self) -> int:
-        """Slots per layer: the window when rolling."""
-        return self.layers[0].self_kv.capacity
+        """Slots per layer that keeps keys: the window when rolling."""
+        return self.slots
 
     def append_key_mask(self, keep: Tensor) -> tuple[Tensor, Tensor]:
         """Record (B, T) real-token flags for the next T positions.
@@ -171,9 +198,7 @@ class Cache:
             self.key_mask = torch.ones(b, self.capacity, dtype=torch.bool, device=keep.device)
             self.real = torch.full((b,), self.length, dtype=torch.long, device=keep.device)
         assert self.real is not None
-        self.key_mask, read = _append(
-            self.key_mask, self.length, keep, self.layers[0].self_kv.rolling
-        )
+        self.key_mask, read = _append(self.key_mask, self.length, keep, self.rolling)
         positions = self.real[:, None] + keep.long().cumsum(-1) - 1  # (B, T)
         self.real = self.real + keep.long().sum(-1)
         return read, positions.clamp(min=0)
@@ -204,9 +229,8 @@ class Cache:
             )
         elif self.positions.shape[0] != rows.shape[0]:  # padding arrived: one row per sequence
             self.positions = self.positions.expand(rows.shape[0], -1).clone()
-        self.positions, key_positions = _append(
-            self.positions, seen, rows, self.layers[0].self_kv.rolling
-        )
+        self.positions, key_positions = _append(self.positions, seen, rows, self.rolling)
+        self.seen += t
         return key_mask, positions, key_positions
 
     def reorder(self, index: Tensor) -> None:
@@ -221,4 +245,4 @@ class Cache:
             self.memory_mask = self.memory_mask.index_select(0, index)
 
     def nbytes(self) -> int:
-        return sum(layer.self_kv.nbytes() for layer in self.layers)
+        return sum(layer.nbytes() for layer in self.layers)
