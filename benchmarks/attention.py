@@ -16,6 +16,8 @@ Shape: B=1, 8 heads, d_k=64, T = S = n, fp32.  Backends:
 
 * ``reference``, ``flash`` -- ``aiayn.scaled_dot_product_attention(..., backend=...)``.
 * ``sdpa`` -- PyTorch SDPA with ``is_causal`` (no mask tensor): the peer.
+* ``linear`` -- causal linear attention (Katharopoulos et al., 2020; aiayn/nn/linear_attention.py),
+  not exact attention but its O(n) replacement, for the time and memory it saves (causal only).
 * ``sdpa+mask`` -- PyTorch SDPA with an explicit boolean ``attn_mask`` tensor, which is what a
   caller must pass for padding or a sliding window: a (T, S) all-True mask for "none", the
   (T, S) causal triangle for "causal", the (T, S) band for "window", and the (B, 1, 1, S)
@@ -69,7 +71,7 @@ from bench_common import timed
 
 B, H, D = 1, 8, 64
 MASKS = ("none", "causal", "window", "padding", "causal+pad")
-BACKENDS = ("reference", "flash", "sdpa", "sdpa+mask")
+BACKENDS = ("reference", "flash", "sdpa", "sdpa+mask", "linear")
 MODES = ("fwd", "fwd+bwd")
 PEER = {
     "none": "sdpa",
@@ -94,8 +96,17 @@ def window_for(n: int) -> int:
     return min(1024, n // 4)
 
 
-def backends_for(mask: str) -> tuple[str, ...]:
-    return BACKENDS if mask in ("none", "causal") else ("flash", "sdpa+mask")
+def backends_for(mask: str, chosen: tuple[str, ...] = BACKENDS) -> tuple[str, ...]:
+    """What runs with ``mask``: every exact backend for none / causal, linear attention (not
+    exact: another model, aiayn/nn/linear_attention.py) for causal only, and flash and
+    sdpa+mask for windows and padding."""
+    if mask == "causal":
+        kinds: tuple[str, ...] = BACKENDS
+    elif mask == "none":
+        kinds = BACKENDS[:-1]
+    else:
+        kinds = ("flash", "sdpa+mask")
+    return tuple(b for b in kinds if b in chosen)
 
 
 def reference_gib(n: int, mode: str, mask: str) -> float:
@@ -141,6 +152,10 @@ def _make_call(backend: str, mask: str, n: int) -> Callable[..., Any]:
     if mask in ("padding", "causal+pad"):  # (B, 1, 1, S): the last quarter of keys is padding
         keep = torch.ones(B, 1, 1, n, dtype=torch.bool)
         keep[..., n - n // 4 :] = False
+    if backend == "linear":
+        from aiayn.nn.linear_attention import linear_attention
+
+        return lambda q, k, v: linear_attention(q, k, v)[0]
     if backend in ("reference", "flash"):
 
         def ours(q: Any, k: Any, v: Any) -> Any:
@@ -289,6 +304,8 @@ def print_table(res: Results, sizes: list[int]) -> None:
             label = f"window={window_for(n)}" if mask == "window" else mask
             for backend in backends_for(mask):
                 f, fb = res.get((n, mask, backend, "fwd")), res.get((n, mask, backend, "fwd+bwd"))
+                if f is None and fb is None:  # not asked for (--masks, --backends)
+                    continue
                 pf, pfb = res.get((n, mask, PEER[mask], "fwd")), res.get((n, mask, PEER[mask], "fwd+bwd"))  # fmt: skip
                 print(
                     f"{n:>6} {label:<12}{backend:<11}{cell(f, 'ms', 9, '.1f')}{ratio(f, pf, 'ms')}"
@@ -350,6 +367,9 @@ def main() -> int:
     ap.add_argument(
         "--masks", nargs="+", default=list(MASKS), choices=MASKS, help="mask kinds to run"
     )
+    ap.add_argument(
+        "--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="backends to run"
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default="benchmarks/results/attention.json")
     ap.add_argument("--quick", action="store_true", help="sizes 256 512 1024, repeat 1")
@@ -400,7 +420,7 @@ def main() -> int:
     start = time.perf_counter()
     for n in sizes:
         for mask in args.masks:
-            for backend in backends_for(mask):
+            for backend in backends_for(mask, tuple(args.backends)):
                 for mode in MODES:
                     spec = {"n": n, "mask": mask, "backend": backend, "mode": mode,
                             "threads": args.threads, "repeat": args.repeat}  # fmt: skip
