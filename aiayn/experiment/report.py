@@ -38,11 +38,13 @@ OTHER = {  # setting -> how a non-default value reads in the "other" column
     "norm_position": lambda v: f"{v}-LN",
     "rnn": lambda v: "Transformer" if v is None else f"{v.upper()}",
     "rnn_attention": lambda v: "" if v is None else ("attention" if v else "no attention"),
+    "mixer": lambda v: "softmax attention" if v == "attention" else f"{v} attention",
+    "attention_every": lambda v: "" if v is None else f"softmax every {v} layers",
 }
 CSV_FIELDS = [
     "name", "row", "note", "n_layers", "d_model", "d_ff", "n_heads", "d_head", "dropout",
     "label_smoothing", "positional", "norm_position", "attention_score", "attention_scale",
-    "residual", "rnn", "rnn_attention", "params", "params_non_embedding", "steps", "max_tokens",
+    "residual", "rnn", "rnn_attention", "mixer", "attention_every", "params", "params_non_embedding", "steps", "max_tokens",
     "train_target_tokens", "train_tokens", "train_flops", "train_seconds", "matmul_gflops",
     "val_loss", "val_ppl", "best_val_loss", "val_bleu",
     "val_chrf", "test_bleu", "test_chrf", "diverged",

@@ -144,6 +144,8 @@ def _model_summary(c: Any) -> dict[str, Any]:
         "residual": c.residual,
         "rnn": c.rnn,
         "rnn_attention": c.rnn_attention if c.rnn else None,
+        "mixer": c.mixer,
+        "attention_every": c.attention_every,
     }
 
 
