@@ -34,7 +34,7 @@ Arch = Literal["encoder-decoder", "decoder", "encoder"]
 NormPosition = Literal["post", "pre"]
 Init = Literal["xavier", "scaled-normal"]
 Score = Literal["dot", "additive"]
-Mixer = Literal["attention", "linear"]
+Mixer = Literal["attention", "linear", "ssm"]
 # Pluggable parts are named by strings checked against aiayn/registry.py, so that a new one is
 # one module and one registry line.
 Positional = str
@@ -109,12 +109,17 @@ class ModelConfig:
     # (heads, d_ff, positions, norms, attention options, experts) do not apply to it.
     rnn: Literal["gru", "lstm"] | None = None
     rnn_attention: bool = True
-    # What mixes positions in a decoder-only model's layers: softmax "attention" (Eq. 1), or
+    # What mixes positions in a decoder-only model's layers: softmax "attention" (Eq. 1),
     # "linear" attention (aiayn/nn/linear_attention.py: O(n) training, an O(1) decoding
-    # state).  attention_every = k makes a hybrid: the last layer of every k keeps softmax
+    # state), or "ssm", a selective state-space layer (Mamba, aiayn/nn/ssm.py).  attention_every = k makes a hybrid: the last layer of every k keeps softmax
     # attention (Jamba's pattern: one attention layer among recurrent ones).
     mixer: Mixer = "attention"
     attention_every: int | None = None
+    # "ssm": Mamba's selective state-space layer (aiayn/nn/ssm.py): state size N, inner width
+    # ssm_expand · d_model, causal depthwise convolution of ssm_conv taps.
+    ssm_state: int = 16
+    ssm_expand: int = 2
+    ssm_conv: int = 4
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
     # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
     sliding_window: int | None = None
@@ -141,7 +146,8 @@ class ModelConfig:
             value = getattr(self, name)
             if value not in registry.names(kind):
                 raise _fail(name, value, f"one of {', '.join(map(repr, registry.names(kind)))}")
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_len"):
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_len",
+                     "ssm_state", "ssm_expand", "ssm_conv"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(name, value, "a positive integer")

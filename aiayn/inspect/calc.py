@@ -150,6 +150,35 @@ def _stacks(c: ModelConfig) -> tuple[int, int]:
     return c.n_layers, 0
 
 
+def _ssm_sizes(c: ModelConfig) -> tuple[int, int, int, int]:
+    """(E, dt rank, N, K) of a selective state-space layer (aiayn/nn/ssm.py)."""
+    return c.ssm_expand * c.d_model, -(-c.d_model // 16), c.ssm_state, c.ssm_conv
+
+
+def _ssm_matmul_weights(c: ModelConfig) -> int:
+    """in_proj (x and z), x_proj (Δ, B, C), dt_proj, out_proj."""
+    e, r, n, _ = _ssm_sizes(c)
+    return 2 * e * c.d_model + e * (r + 2 * n) + r * e + e * c.d_model
+
+
+def _ssm_parameters(c: ModelConfig) -> int:
+    """Every parameter of one state-space layer: the matrices, the depthwise convolution (K
+    taps and a bias per channel), Δ's bias, A (E x N), D, and the projections' biases."""
+    e, _, n, k = _ssm_sizes(c)
+    biases = (2 * e + c.d_model) if c.bias else 0
+    return _ssm_matmul_weights(c) + e * k + e + e + e * n + e + biases
+
+
+def _mixers(c: ModelConfig) -> dict[str, int]:
+    """How many self-attention sublayers of each kind: "attention" (softmax or linear, whose
+    weights are the same) and "ssm"."""
+    blocks, cross = _stacks(c)
+    if c.arch != "decoder":
+        return {"attention": blocks + cross, "ssm": 0}
+    ssm = sum(c.mixer_at(i) == "ssm" for i in range(c.n_layers))
+    return {"attention": blocks - ssm, "ssm": ssm}
+
+
 def _attention_sublayers(c: ModelConfig) -> int:
     blocks, cross = _stacks(c)
     return blocks + cross
@@ -168,9 +197,10 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
         tokens = v * d
     positions = n_stacks * c.max_len * d if c.positional == "learned" else 0
 
-    attention = (blocks + cross) * (
+    mixers = _mixers(c)
+    attention = mixers["attention"] * (
         _attention_weights(c) + _attention_biases(c) + _attention_score_weights(c)
-    )
+    ) + mixers["ssm"] * _ssm_parameters(c)
     feed_forward = blocks * _ffn_sublayer(c)
     final = n_stacks if c.norm_position == "pre" else 0
     norms = (2 * blocks + cross + final) * _norm(c, c.bias)
@@ -203,8 +233,10 @@ def matmul_parameters(config: ModelConfig) -> int:
     (the *active* parameters).
     """
     c = _transformer(config)
-    blocks, cross = _stacks(c)
-    n = (blocks + cross) * _attention_weights(c) + blocks * _ffn_active_weights(c)
+    blocks, _ = _stacks(c)
+    mixers = _mixers(c)
+    n = mixers["attention"] * _attention_weights(c) + mixers["ssm"] * _ssm_matmul_weights(c)
+    n += blocks * _ffn_active_weights(c)
     n += c.vocab_size * c.d_model
     if c.arch == "encoder":
         n += c.d_model * c.d_model
@@ -233,7 +265,8 @@ def _attention_span_sum(config: ModelConfig, context: int) -> int:
     if c.arch == "encoder":
         return c.n_layers * context
     softmax = softmax_layers(c)
-    return softmax * self_span + (c.n_layers - softmax) * (c.head_dim + 1)
+    linear = sum(c.mixer_at(i) == "linear" for i in range(c.n_layers))
+    return softmax * self_span + linear * (c.head_dim + 1)
 
 
 def training_flops_per_token(config: ModelConfig, context: int) -> int:
@@ -254,7 +287,12 @@ def training_flops_per_token(config: ModelConfig, context: int) -> int:
     # scores 3: the sum q + k, then the multiply-add with w -- tanh is not counted) and the
     # weighted value (2); backward twice that.
     per_pair = 12 if c.attention_score == "dot" else 15
-    return 6 * matmul_parameters(c) + per_pair * _attention_span_sum(c, context) * d_attn
+    attention = per_pair * _attention_span_sum(c, context) * d_attn
+    # A state-space layer's scan, per token and forward: exp(ΔA)·h, ΔBx and C·h over the
+    # E x N state (~6 E N), and the K-tap depthwise convolution (2 E K); backward twice that.
+    e, _, n, k = _ssm_sizes(c)
+    scan = _mixers(c)["ssm"] * 3 * (6 * e * n + 2 * e * k)
+    return 6 * matmul_parameters(c) + attention + scan
 
 
 def translation_batch_flops(config: ModelConfig, sentences: int, source: int, target: int) -> int:
@@ -319,14 +357,17 @@ def kv_cache_bytes_per_token(config: ModelConfig, dtype_bytes: int | str = 2) ->
 
 
 def recurrent_state_bytes(config: ModelConfig, batch: int = 1) -> int:
-    """The fixed-size decoding state of the linear-attention layers, whatever the context:
-    S (d_head x d_head) and z (d_head) per head, accumulated in fp32 (aiayn/nn/
-    linear_attention.py) -- 0 for a model with softmax attention only."""
+    """The fixed-size decoding state of the recurrent layers, whatever the context, in fp32:
+    linear attention's S (d_head x d_head) and z (d_head) per head (aiayn/nn/
+    linear_attention.py), a state-space layer's last K - 1 conv inputs and its E x N state
+    (aiayn/nn/ssm.py) -- 0 for a model with softmax attention only."""
     c = config
     if c.arch != "decoder":
         return 0
-    linear = c.n_layers - softmax_layers(c)
-    return linear * batch * c.n_heads * c.head_dim * (c.head_dim + 1) * 4
+    linear = sum(c.mixer_at(i) == "linear" for i in range(c.n_layers))
+    e, _, n, k = _ssm_sizes(c)
+    ssm = _mixers(c)["ssm"] * e * (k - 1 + n)  # the conv window and h
+    return batch * 4 * (linear * c.n_heads * c.head_dim * (c.head_dim + 1) + ssm)
 
 
 def kv_cached_positions(config: ModelConfig, context: int) -> int:

@@ -92,6 +92,10 @@ class TransformerModel(nn.Module):
                 nn.init.normal_(module.weight, 0.0, std)
             elif isinstance(module, LearnedPositions):
                 nn.init.normal_(module.weight, 0.0, c.init_std)
+        for module in self.modules():  # layers with an initialisation of their own (Mamba)
+            post_init = getattr(module, "post_init", None)
+            if callable(post_init):
+                post_init()
 
     def output_loss(
         self, x: Tensor, targets: Tensor, *, label_smoothing: float = 0.0, ignore_index: int = -100

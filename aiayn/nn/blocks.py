@@ -26,6 +26,7 @@ from aiayn.nn.linear_attention import LinearSelfAttention
 from aiayn.nn.moe import MixtureOfExperts
 from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.norms import build_norm
+from aiayn.nn.ssm import SelectiveSSM
 
 
 class Block(nn.Module):
@@ -64,7 +65,18 @@ class Block(nn.Module):
                 layer=layer,
             )
 
-        self.self_attn = attention(False)
+        self.self_attn: nn.Module = (
+            SelectiveSSM(
+                c.d_model,
+                state_size=c.ssm_state,
+                expand=c.ssm_expand,
+                conv=c.ssm_conv,
+                bias=c.bias,
+                layer=layer,
+            )
+            if c.mixer_at(layer) == "ssm" and not cross
+            else attention(False)
+        )
         self.norm1 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
         self.cross_attn = attention(True) if cross else None
         self.norm_cross = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if cross else None

@@ -82,6 +82,9 @@ def _variants() -> list[ModelConfig]:
         base.replace(arch="decoder", n_experts=3, experts_top_k=1, activation="swiglu"),
         base.replace(attention_score="additive", n_kv_heads=2),  # one w per head and sublayer
         base.replace(arch="decoder", attention_score="additive", residual=False),
+        base.replace(arch="decoder", mixer="linear", attention_every=2),
+        base.replace(arch="decoder", mixer="ssm", bias=False),  # Mamba layers (aiayn/nn/ssm.py)
+        base.replace(arch="decoder", mixer="ssm", attention_every=2, ssm_state=4, ssm_expand=1),
     ]
     return out
 
