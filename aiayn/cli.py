@@ -222,13 +222,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = _train_overrides(args)
     run = load_run_config(args.config, overrides)
+    from aiayn.train.vision import train_vision
+
     trainers = {"decoder": train_lm, "encoder-decoder": train_translation}
-    if run.model.arch not in trainers:
+    kind = "image" if run.model.image_size is not None else run.model.arch
+    trainers["image"] = train_vision
+    if kind not in trainers:
         raise ValueError(f"aiayn train has no task for arch={run.model.arch!r} yet")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # torchrun
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        result = trainers[run.model.arch](
+        result = trainers[kind](
             run, args.out, data_dir(args.data), resume=args.resume, overwrite=args.overwrite
         )
     finally:
@@ -379,6 +383,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     data = bundle.run.get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)
+    if model.config.image_size is not None:
+        return _evaluate_images(model, bundle.run)
     text = args.text or data.get("text")
     if not text:
         raise ValueError("no text to evaluate on: pass --text FILE")
@@ -390,6 +396,27 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"perplexity         {math.exp(loss):.3f}")
     if tokenizer.kind == "char":
         print(f"bits per character {loss / math.log(2):.4f}")
+    return 0
+
+
+def _evaluate_images(model: object, run: dict[str, object]) -> int:
+    from aiayn.data.images import load_split
+    from aiayn.evaluate.images import baselines, score_classifier
+    from aiayn.models.vision import VisionTransformer
+    from aiayn.train.config import DataConfig
+
+    assert isinstance(model, VisionTransformer)
+    d = DataConfig(**run.get("data", {}))  # type: ignore[arg-type]
+    split = load_split(d.images, test_fraction=d.test_fraction, seed=d.seed)
+    scores = score_classifier(model, split)
+    print(f"{d.images}: {scores['test_images']} held-out test images (never trained on)")
+    print(f"  Vision Transformer      accuracy {scores['accuracy']:.4f}")
+    for name, accuracy in baselines(split).items():
+        print(f"  {name:<23} accuracy {accuracy:.4f}  (same training images)")
+    print("confusion matrix (rows: true class, columns: predicted):")
+    print("      " + " ".join(f"{label:>4}" for label in split.labels))
+    for label, row in zip(split.labels, scores["confusion"], strict=True):
+        print(f"  {label:>3} " + " ".join(f"{n:>4}" for n in row))
     return 0
 
 

@@ -120,6 +120,14 @@ class ModelConfig:
     ssm_state: int = 16
     ssm_expand: int = 2
     ssm_conv: int = 4
+    # Images (the Vision Transformer, aiayn/models/vision.py; an encoder): square images of
+    # image_size pixels and `channels` channels, cut into patch_size patches, classified into
+    # n_classes by the [CLS] token ("cls") or the mean of the patches ("mean").
+    image_size: int | None = None
+    patch_size: int = 16
+    channels: int = 3
+    n_classes: int | None = None
+    pool: Literal["cls", "mean"] = "cls"
     # Causal sliding window (Mistral): a query sees only the last `sliding_window` positions,
     # and the KV cache keeps only that many.  Decoder self-attention only; None = full causal.
     sliding_window: int | None = None
@@ -147,7 +155,7 @@ class ModelConfig:
             if value not in registry.names(kind):
                 raise _fail(name, value, f"one of {', '.join(map(repr, registry.names(kind)))}")
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_len",
-                     "ssm_state", "ssm_expand", "ssm_conv"):  # fmt: skip
+                     "ssm_state", "ssm_expand", "ssm_conv", "patch_size", "channels"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(name, value, "a positive integer")
@@ -191,6 +199,29 @@ class ModelConfig:
                 or self.attention_every < 1
             ):
                 raise _fail("attention_every", self.attention_every, "a positive integer or None")
+        if self.image_size is not None:
+            if self.arch != "encoder":
+                raise _fail(
+                    "image_size",
+                    self.image_size,
+                    f"None for arch={self.arch!r} (images: an encoder)",
+                )
+            if (
+                isinstance(self.image_size, bool)
+                or not isinstance(self.image_size, int)
+                or self.image_size % self.patch_size
+            ):
+                raise _fail(
+                    "image_size", self.image_size, f"a multiple of patch_size={self.patch_size}"
+                )
+            if self.n_classes is None or self.n_classes < 2:
+                raise _fail("n_classes", self.n_classes, "at least 2 classes for an image model")
+            if self.pool not in ("cls", "mean"):
+                raise _fail("pool", self.pool, "'cls' or 'mean'")
+            if self.positional not in ("learned", "sinusoidal", "none"):
+                raise _fail(
+                    "positional", self.positional, "'learned', 'sinusoidal' or 'none' for images"
+                )
         if self.rnn not in (None, "gru", "lstm"):
             raise _fail("rnn", self.rnn, "'gru', 'lstm' or None (the Transformer)")
         if self.rnn is not None and self.arch != "encoder-decoder":

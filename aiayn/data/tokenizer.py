@@ -1,4 +1,5 @@
-"""Tokenizers behind one small interface: characters, and byte-level BPE (HF `tokenizers`)."""
+"""Tokenizers behind one small interface: characters, byte-level BPE (HF `tokenizers`), and
+the class labels of an image classifier."""
 
 from __future__ import annotations
 
@@ -77,7 +78,35 @@ class BPETokenizer:
         )
 
 
-Tokenizer = CharTokenizer | BPETokenizer
+class LabelTokenizer:
+    """The class names of an image classifier (aiayn/models/vision.py): its output ids mean
+    these labels, so a checkpoint carries them as a text model carries its vocabulary."""
+
+    kind = "labels"
+
+    def __init__(self, labels: list[str]) -> None:
+        if not labels or len(set(labels)) != len(labels):
+            raise ValueError("LabelTokenizer needs distinct class names")
+        self.labels = labels
+        self.index = {name: i for i, name in enumerate(labels)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.labels)
+
+    def encode(self, text: str) -> list[int]:
+        if text not in self.index:
+            raise ValueError(f"unknown class {text!r}; the classes are {self.labels}")
+        return [self.index[text]]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.labels[i] for i in ids)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"kind": "labels", "labels": self.labels}))
+
+
+Tokenizer = CharTokenizer | BPETokenizer | LabelTokenizer
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -86,6 +115,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         data = json.loads(Path(path).read_text())
         if data["kind"] == "char":
             return CharTokenizer(list(data["chars"]))
+        if data["kind"] == "labels":
+            return LabelTokenizer([str(x) for x in data["labels"]])
         if data["kind"] == "bpe":
             from tokenizers import Tokenizer as HFTokenizer
 

@@ -100,7 +100,7 @@ def _parameters(c: ModelConfig) -> int:
     built on the meta device (no memory) and counted."""
     from aiayn.inspect.calc import parameter_count
 
-    if c.rnn is None:
+    if c.rnn is None and c.image_size is None:
         return parameter_count(c)
     with torch.device("meta"):
         return build_model(c).num_parameters()

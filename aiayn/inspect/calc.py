@@ -94,6 +94,11 @@ def _transformer(c: ModelConfig) -> ModelConfig:
             f"rnn={c.rnn!r}: this calculation covers the Transformer; for the recurrent"
             " baselines use build_model(config).num_parameters() and translation_batch_flops"
         )
+    if c.image_size is not None:
+        raise ValueError(
+            f"image_size={c.image_size}: this calculation covers text models; for the Vision"
+            " Transformer use build_model(config).num_parameters()"
+        )
     return c
 
 

@@ -33,6 +33,10 @@ def build_model(preset_or_config: str | ModelConfig, **overrides: Any) -> Transf
     ``overrides`` are ModelConfig field names, e.g. ``build_model("paper-base", n_layers=2)``.
     """
     config = resolve_config(preset_or_config, **overrides)
+    if config.image_size is not None:  # the Vision Transformer (aiayn/models/vision.py)
+        from aiayn.models.vision import VisionTransformer
+
+        return VisionTransformer(config)
     if config.rnn is not None:  # the recurrent baselines (aiayn/models/rnn.py)
         from aiayn.models.rnn import RNNEncoderDecoder
 

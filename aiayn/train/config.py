@@ -143,6 +143,9 @@ class DataConfig:
     train_target: str | None = None
     valid_source: str | None = None
     valid_target: str | None = None
+    images: str = "digits"  # an image model's dataset (aiayn/data/images.py)
+    test_fraction: float = 0.2  # ... held out from training: the test set
+    seed: int = 0  # ... of its stratified train / validation / test split
 
 
 @dataclass(frozen=True)
