@@ -94,9 +94,21 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect_attention(args: argparse.Namespace) -> int:
-    """Attention maps of a checkpoint or an untrained preset on a piece of text."""
+    """Attention maps of a checkpoint or an untrained preset on a piece of text, or of an image
+    model on one of its test images."""
     from aiayn.inspect.attention_maps import attention_maps
 
+    if args.image is not None:
+        from aiayn.inspect.image_attention import image_attention
+
+        if not args.checkpoint:
+            raise ValueError("--image needs --checkpoint (a trained image model)")
+        path, numbers = image_attention(args.checkpoint, args.image, args.out, head=args.head)
+        print(f"test image {args.image}: true {numbers['true']}, predicted {numbers['predicted']}")
+        print(f"image    {path}")
+        return 0
+    if args.text is None:
+        raise ValueError("--text is required (or --image for an image model)")
     written = attention_maps(
         args.checkpoint or args.preset,
         args.text,
@@ -567,7 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
     model = q.add_mutually_exclusive_group(required=True)
     model.add_argument("--checkpoint", help="a trained checkpoint folder")
     model.add_argument("--preset", help=f"an untrained preset: {', '.join(presets())}")
-    q.add_argument("--text", required=True, help="the (source) text")
+    q.add_argument("--text", default=None, help="the (source) text")
+    q.add_argument(
+        "--image", type=int, default=None, help="an image model: the index of a test image"
+    )
     q.add_argument("--target", default=None, help="encoder-decoder target text (default: --text)")
     q.add_argument("--layer", type=int, default=None, help="one layer, from 0 (default: all)")
     q.add_argument("--head", type=int, default=None, help="one head of --layer, from 0")

@@ -98,6 +98,16 @@ def test_trains_resumes_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixt
         line for line in out.splitlines() if line.strip()[:1].isdigit() and len(line.split()) == 11
     ]
     assert len(rows) == 10 and sum(int(n) for r in rows for n in r.split()[1:]) == 360
+    # Where [CLS] looks, drawn on a test image: a weight per patch per layer, from the model.
+    from aiayn.inspect.image_attention import image_attention
+
+    path, numbers = image_attention(tmp_path / "full" / "checkpoint", 7, tmp_path / "fig")
+    maps = torch.tensor(numbers["cls_attention"])  # (layers, 4, 4)
+    assert path.stat().st_size > 5000 and maps.shape == (1, 4, 4)
+    assert float(maps.min()) >= 0 and float(maps.sum()) < 1.0  # the rest is on [CLS] itself
+    argv = ["inspect", "attention", "--checkpoint", str(tmp_path / "full" / "checkpoint"),
+            "--image", "400", "--out", str(tmp_path / "fig")]  # fmt: skip
+    assert main(argv) == 2  # out of range: a clear error, not a traceback
 
 
 def test_label_tokenizer_round_trip(tmp_path: Path) -> None:
