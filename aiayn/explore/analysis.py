@@ -59,8 +59,52 @@ _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 16
 
 
+def _text_model(loaded: Loaded) -> None:
+    if loaded.model.config.image_size is not None:
+        raise NotApplicable("an image model reads images, not text: use its test images")
+
+
+def image_view(loaded: Loaded, index: int, *, head: int | None = None) -> dict[str, Any]:
+    """One test image of an image model: its pixels, the class probabilities, and where the
+    [CLS] token attends over the patches in every layer (aiayn/inspect/image_attention.py)."""
+    from aiayn.data.images import load_split
+    from aiayn.inspect.image_attention import cls_attention
+    from aiayn.models.vision import VisionTransformer
+    from aiayn.train.config import DataConfig
+
+    model = loaded.model
+    if not isinstance(model, VisionTransformer):
+        raise NotApplicable(
+            f"{loaded.entry.name} is a text model: the image view needs an image model"
+        )
+    run = loaded.run or {}
+    d = DataConfig(**run.get("data", {}))
+    split = load_split(d.images, test_fraction=d.test_fraction, seed=d.seed)
+    images, labels = split.test
+    if not 0 <= index < len(labels):
+        raise NotApplicable(f"image {index} is out of range: the test set has {len(labels)} images")
+    image = images[index].to(next(model.parameters()).device)
+    maps, predicted = cls_attention(
+        model, image.cpu() if image.device.type != "cpu" else image, head
+    )
+    with torch.no_grad():
+        probs = torch.softmax(model(image[None]).float(), -1)[0].cpu()
+    return {
+        "index": index,
+        "images": len(labels),
+        "pixels": images[index].mean(0).tolist(),  # (H, W), channels averaged
+        "labels": split.labels,
+        "true": split.labels[int(labels[index])],
+        "predicted": split.labels[predicted],
+        "probs": [round(float(p), 4) for p in probs],
+        "cls_attention": maps.round(4).tolist(),  # (layers, H/P, W/P)
+        "head": head,
+    }
+
+
 def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
     """Run the model once on ``text`` (and ``target`` for an encoder-decoder) recording scores."""
+    _text_model(loaded)
     key = (loaded.entry.name, text, target)
     with _CACHE_LOCK:
         if key in _CACHE:

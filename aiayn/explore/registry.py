@@ -91,6 +91,7 @@ class Entry:
             "d_model": c.d_model,
             "max_len": c.max_len,
             "parameters": _parameters(c),
+            "image": c.image_size is not None,
             "example": self.example,
         }
 
@@ -111,6 +112,7 @@ class Loaded:
     entry: Entry
     model: TransformerModel
     tokenizer: Tokenizer
+    run: dict[str, Any] | None = None  # the checkpoint's run config (an image model's data)
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -213,14 +215,15 @@ class Registry:
 
     @staticmethod
     def _load(entry: Entry, device: torch.device) -> Loaded:
+        run: dict[str, Any] | None = None
         if entry.directory is not None:
             bundle = load_bundle(entry.directory)
-            model, tokenizer = bundle.model, bundle.tokenizer
+            model, tokenizer, run = bundle.model, bundle.tokenizer, bundle.run
         else:
             torch.manual_seed(0)
             model, tokenizer = build_model(entry.config), CharTokenizer(PRESET_CHARS)
         for_inference(model, device)
-        return Loaded(entry, model, tokenizer)
+        return Loaded(entry, model, tokenizer, run)
 
     def describe(self) -> list[dict[str, Any]]:
         return [e.describe() for e in self.entries.values()]

@@ -147,6 +147,12 @@ class KernelLesson(Strict):
     sigma: Annotated[float, Field(ge=0.01, le=10.0)] = 0.3
 
 
+class ImageRequest(Strict):
+    model: str
+    index: Annotated[int, Field(ge=0)] = 0
+    head: Annotated[int, Field(ge=0)] | None = None
+
+
 class PositionsLesson(Strict):
     position: Annotated[int, Field(ge=0)] = 20
     max_len: Annotated[int, Field(ge=2, le=2048)] = 100
@@ -283,6 +289,12 @@ def create_app(
         loaded = registry.get(req.model)
         with compute:
             return analysis.translation(loaded, req.text, beam_size=req.beam_size)
+
+    @app.post("/api/image")
+    def image(req: ImageRequest) -> dict[str, Any]:
+        loaded = registry.get(req.model)
+        with compute:
+            return analysis.image_view(loaded, req.index, head=req.head)
 
     @app.post("/api/lesson/query")
     def lesson_query(req: QueryLesson) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""A running explorer over three small models: a char-level language model checkpoint, a BPE
-translation checkpoint (untrained: its translations are noise, its shapes are real) and an
-untrained preset.  The server runs in a thread for the whole test session."""
+"""A running explorer over four small models: a char-level language model checkpoint, a BPE
+translation checkpoint (untrained: its translations are noise, its shapes are real), an
+untrained preset and an untrained Vision Transformer checkpoint.  The server runs in a thread for the whole test session."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import TOKENIZER_FILE, save
-from aiayn.config import get_preset
-from aiayn.data.tokenizer import BPETokenizer, CharTokenizer
+from aiayn.checkpoint import TOKENIZER_FILE, save, save_bundle
+from aiayn.config import ModelConfig, get_preset
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, LabelTokenizer
 from aiayn.explore.registry import PRESET_CHARS, Registry
 from aiayn.models import build_model
 
@@ -39,6 +39,12 @@ def make_checkpoints(root: Path) -> Registry:
     reg.add_checkpoint(root / "lm", "tiny-lm")
     reg.add_checkpoint(root / "mt", "tiny-mt")
     reg.add_preset("bert-base", **SMALL)
+    vit = build_model(ModelConfig(arch="encoder", image_size=8, patch_size=2, channels=1,
+                                  n_classes=10, n_layers=2, d_model=16, n_heads=2, d_ff=32,
+                                  norm_position="pre", vocab_size=10))  # fmt: skip
+    data = {"images": "digits", "test_fraction": 0.2, "seed": 0}
+    save_bundle(root / "vit", vit, LabelTokenizer([str(i) for i in range(10)]), {"data": data})
+    reg.add_checkpoint(root / "vit", "tiny-vit")
     return reg
 
 

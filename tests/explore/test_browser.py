@@ -153,3 +153,13 @@ def test_lessons_render_library_numbers(page):
     page.select_option("#kv-preset", "llama3-70b")
     page.fill("#kv-context", "8192")
     page.wait_for_function("document.getElementById('kv-summary').innerText.includes('2.5 GiB')")
+
+
+def test_an_image_model_draws_its_test_image(page):
+    page.select_option("#model", "tiny-vit")
+    page.wait_for_function("document.getElementById('image-info').innerText.includes('of 360')")
+    assert page.is_hidden("#text-controls") and page.is_visible("#image-plots")
+    page.fill("#image-index", "7")
+    page.wait_for_function("document.getElementById('image-info').innerText.startsWith('image 7')")
+    page.select_option("#model", "tiny-lm")
+    assert page.is_visible("#text-controls") and page.is_hidden("#image-plots")

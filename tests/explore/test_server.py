@@ -11,7 +11,7 @@ def test_models_are_listed_by_name(client):
     status, info = client.request("/api/models")
     assert status == 200
     names = [m["name"] for m in info["models"]]
-    assert names == ["tiny-lm", "tiny-mt", "bert-base:untrained"]
+    assert names == ["tiny-lm", "tiny-mt", "bert-base:untrained", "tiny-vit"]
     assert info["max_chars"] == 200 and "gpt2-small" in info["presets"]
 
 
@@ -286,3 +286,19 @@ def test_a_bounded_load_is_served_with_flat_memory(client):
         statuses = list(pool.map(one, range(200)))
     assert statuses == [200] * 200
     assert rss_mib() - before < 60, f"memory grew from {before:.0f} to {rss_mib():.0f} MiB"
+
+
+def test_an_image_model_shows_a_test_image_and_its_cls_attention(client):
+    from aiayn.data.images import load_split
+
+    status, r = client.request("/api/image", {"model": "tiny-vit", "index": 5})
+    assert status == 200 and r["images"] == 360 and len(r["pixels"]) == 8
+    assert r["true"] == str(int(load_split("digits").test[1][5]))
+    assert len(r["cls_attention"]) == 2 and len(r["cls_attention"][0]) == 4  # layers, 4x4 patches
+    assert abs(sum(r["probs"]) - 1) < 1e-3
+    status, err = client.request("/api/image", {"model": "tiny-vit", "index": 360})
+    assert status == 422 and "out of range" in err["error"]
+    status, err = client.request("/api/attention", {"model": "tiny-vit", "text": "hello"})
+    assert status == 422 and "image model" in err["error"]
+    status, err = client.request("/api/image", {"model": "tiny-lm", "index": 0})
+    assert status == 422 and "text model" in err["error"]

@@ -69,7 +69,42 @@ function onModelChange() {
     ...Array.from({ length: model.n_heads }, (_, h) => [h, `head ${h}`])], "mean");
   $("translate-controls").hidden = model.arch !== "encoder-decoder";
   $("next-token-panel").hidden = model.arch !== "decoder";
+  // An image model: a test image and where its [CLS] token looks, in place of the text.
+  for (const id of ["image-controls", "image-plots"]) $(id).hidden = !model.image;
+  for (const id of ["text-controls", "text-plots"]) $(id).hidden = model.image;
+  $("stream").disabled = $("causal").disabled = $("temperature").disabled = model.image;
+  if (model.image) {
+    fillSelect($("stream"), [["encoder", "[CLS] over the patches"]], "encoder");
+    fillSelect($("layer"), Array.from({ length: model.n_layers }, (_, l) => [l, `layer ${l}`]),
+      model.n_layers - 1);
+    refreshImage();
+    return;
+  }
   onStreamChange();
+}
+
+async function refreshImage() {
+  const model = state.models[$("model").value];
+  if (!model.image) return;
+  try {
+    const r = await api("/api/image", { model: model.name, index: Number($("image-index").value),
+      head: $("head").value === "mean" ? null : Number($("head").value) });
+    const layer = Math.min(Number($("layer").value) || 0, r.cls_attention.length - 1);
+    $("image-info").textContent = `image ${r.index} of ${r.images}: true ${r.true}, ` +
+      `predicted ${r.predicted} (p = ${f(Math.max(...r.probs))})`;
+    const square = { yaxis: { autorange: "reversed", scaleanchor: "x" }, margin: { t: 40 } };
+    Plotly.react("image-picture", [{ type: "heatmap", z: r.pixels, colorscale: "Greys",
+      showscale: false }], { ...square, title: { text: "the image", font: { size: 14 } } },
+    { displayModeBar: false, responsive: true });
+    Plotly.react("image-attention", [{ type: "heatmap", z: r.cls_attention[layer],
+      colorscale: "Inferno", zmin: 0,
+      hovertemplate: "patch (%{y}, %{x}): %{z:.4f}<extra></extra>" }],
+    { ...square, title: { text: `layer ${layer}: [CLS] → patches`, font: { size: 14 } } },
+    { displayModeBar: false, responsive: true });
+    showError(null);
+  } catch (err) {
+    showError(err);
+  }
 }
 
 function onStreamChange() {
@@ -129,8 +164,8 @@ function drawHeatmap(view) {
 
 async function refreshAttention() {
   const text = $("text").value;
-  if (!text.trim()) return;
   const model = state.models[$("model").value];
+  if (!text.trim() || model.image) return;
   const body = {
     model: model.name, text, stream: $("stream").value, layer: Number($("layer").value),
     head: $("head").value === "mean" ? null : Number($("head").value),
@@ -307,6 +342,10 @@ async function start() {
     refreshNextToken();
   }, 60));
 
+  $("image-index").addEventListener("input", debounce(refreshImage, 100));
+  for (const id of ["layer", "head"]) {
+    $(id).addEventListener("change", () => { if (state.models[$("model").value].image) refreshImage(); });
+  }
   $("lesson-query").addEventListener("change", lessonQuery);
   $("lesson-scale").addEventListener("change", lessonQuery);
   for (const id of ["lookup-between", "lookup-length"]) {
