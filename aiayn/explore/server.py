@@ -168,6 +168,8 @@ class KVCacheLesson(Strict):
     context: Annotated[int, Field(ge=1, le=10_000_000)] = 1024
     batch: Annotated[int, Field(ge=1, le=100_000)] = 1
     dtype: Literal["float32", "bfloat16", "float16", "int8", "fp8"] = "bfloat16"
+    mixer: Literal["attention", "linear", "ssm"] = "attention"
+    attention_every: Annotated[int, Field(ge=1, le=512)] | None = None
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -315,8 +317,10 @@ def create_app(
 
     @app.post("/api/lesson/kv-cache")
     def lesson_kv_cache(req: KVCacheLesson) -> dict[str, Any]:
-        fields = ("n_layers", "d_model", "n_heads", "n_kv_heads")
+        fields = ("n_layers", "d_model", "n_heads", "n_kv_heads", "attention_every")
         overrides = {f: getattr(req, f) for f in fields if getattr(req, f) is not None}
+        if req.mixer != "attention":  # the recurrent layers of a decoder (aiayn/nn/)
+            overrides["mixer"] = req.mixer
         config = get_preset(req.preset, **overrides)
         report = calc.cost_report(config, req.context, req.batch, req.dtype, name=req.preset)
         data = report.to_dict()
@@ -324,6 +328,8 @@ def create_app(
         data["kv_cache"] = calc.format_bytes(report.kv_cache_bytes)
         data["kv_cache_per_token"] = calc.format_bytes(report.kv_cache_bytes_per_token)
         data["weights"] = calc.format_bytes(report.weight_bytes)
+        data["recurrent_state"] = calc.format_bytes(report.recurrent_state_bytes)
+        data["flops_per_token"] = calc.format_flops(report.forward_flops_per_token)
         return data
 
     return app

@@ -302,3 +302,30 @@ def test_an_image_model_shows_a_test_image_and_its_cls_attention(client):
     assert status == 422 and "image model" in err["error"]
     status, err = client.request("/api/image", {"model": "tiny-lm", "index": 0})
     assert status == 422 and "text model" in err["error"]
+
+
+def test_the_calculator_counts_recurrent_layers(client):
+    """The explorer's calculator gives the linear-attention and state-space layers' fixed
+    state beside softmax attention's growing cache, for any context."""
+    from aiayn.config import get_preset
+    from aiayn.inspect.calc import kv_cache_bytes
+
+    sizes = {}
+    for mixer in ("attention", "linear", "ssm"):
+        for context in (1024, 65536):
+            status, r = client.request(
+                "/api/lesson/kv-cache",
+                {"preset": "gpt2-small", "context": context, "dtype": "float32", "mixer": mixer},
+            )
+            assert status == 200, r
+            config = get_preset("gpt2-small", **({} if mixer == "attention" else {"mixer": mixer}))
+            assert r["kv_cache_bytes"] == kv_cache_bytes(config, context, 1, "float32")
+            sizes[mixer, context] = r["kv_cache_bytes"]
+    assert sizes["attention", 65536] == 64 * sizes["attention", 1024]
+    assert sizes["linear", 65536] == sizes["linear", 1024] > 0  # a fixed state
+    assert sizes["ssm", 65536] == sizes["ssm", 1024] > 0
+    status, r = client.request(
+        "/api/lesson/kv-cache",
+        {"preset": "gpt2-small", "context": 1024, "mixer": "ssm", "attention_every": 4},
+    )
+    assert status == 200 and 0 < r["recurrent_state_bytes"] < r["kv_cache_bytes"]

@@ -295,7 +295,8 @@ async function lessonPositions() {
 
 async function kvCache() {
   const body = { preset: $("kv-preset").value, context: Number($("kv-context").value),
-    batch: Number($("kv-batch").value), dtype: $("kv-dtype").value };
+    batch: Number($("kv-batch").value), dtype: $("kv-dtype").value, mixer: $("kv-mixer").value };
+  if ($("kv-every").value) body.attention_every = Number($("kv-every").value);
   for (const [id, field] of [["kv-layers", "n_layers"], ["kv-dmodel", "d_model"],
     ["kv-heads", "n_heads"], ["kv-kvheads", "n_kv_heads"]]) {
     if ($(id).value) body[field] = Number($(id).value);
@@ -303,7 +304,9 @@ async function kvCache() {
   try {
     const r = await api("/api/lesson/kv-cache", body);
     $("kv-summary").textContent = r.arch === "encoder" ? "encoder-only: no KV cache" :
-      `KV cache ${r.kv_cache} (${r.kv_cache_per_token} per token); weights ${r.weights}`;
+      `KV cache ${r.kv_cache} (${r.kv_cache_per_token} per token` +
+      (r.recurrent_state_bytes ? `, of which fixed states ${r.recurrent_state}` : "") +
+      `); weights ${r.weights}; ${r.flops_per_token} per token forward`;
     $("kv-result").textContent = r.text;
   } catch (err) {
     $("kv-summary").textContent = String(err.message || err);
@@ -355,7 +358,7 @@ async function start() {
   $("pe-position").addEventListener("input", debounce(lessonPositions, 40));
   $("pe-dmodel").addEventListener("change", lessonPositions);
   for (const id of ["kv-preset", "kv-layers", "kv-dmodel", "kv-heads", "kv-kvheads",
-    "kv-context", "kv-batch", "kv-dtype"]) {
+    "kv-context", "kv-batch", "kv-dtype", "kv-mixer", "kv-every"]) {
     $(id).addEventListener("input", debounce(kvCache, 150));
   }
 
