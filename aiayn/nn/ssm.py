@@ -11,14 +11,16 @@ around it, Mamba's block: an input projection to x and a gate z (2E), a short ca
 depthwise convolution and SiLU on x, the scan, ``y ⊙ SiLU(z)``, and an output projection
 back to the model width.  A = -exp(A_log) < 0 makes every state decay.
 
-* Training runs the scan over chunks of L positions: inside a chunk, the decay from s to t
-  is exp(Σ_{s<r≤t} Δ_r A) from a cumulative sum, so the chunk's states are one masked sum;
-  the state carries across chunks.  (L · L · E · N numbers per chunk and sequence.)
+* Training computes the decays exp(Δ_t A), the inputs Δ_t B_t x_t and the read-outs for all
+  positions at once; only the state update h_t = decay_t ⊙ h_{t-1} + input_t runs position
+  by position -- one multiply-add on a (B, E, N) tensor each, as Mamba's reference scan
+  does.  (A chunked parallel form needs L × L × E × N numbers per chunk, which on a CPU
+  costs far more than it saves.)
 * Decoding carries (conv window, h): a fixed E × (k - 1 + N) numbers per layer, whatever the
   length -- no growing cache.
 
 :func:`selective_scan` is both (a state in, a state out); tests/nn/test_ssm.py checks it
-against the recurrence written as a Python loop, and the layer's step-by-step decoding
+against the recurrence written out position by position, and the layer's step-by-step decoding
 against its full-sequence pass.  A padded position (``keep`` False) has Δ = 0 and x = 0: the
 state passes it unchanged.
 
@@ -36,8 +38,6 @@ from torch import Tensor, nn
 
 from aiayn.nn.context import Context
 from aiayn.nn.linear import Linear
-
-CHUNK = 16
 
 
 @dataclass
@@ -62,37 +62,28 @@ def selective_scan(
     c: Tensor,
     d: Tensor,
     h: Tensor | None = None,
-    *,
-    chunk: int = CHUNK,
 ) -> tuple[Tensor, Tensor]:
     """The scan: (B, T, E) inputs x and steps Δ, (E, N) A, (B, T, N) B and C, (E,) D, and the
-    (B, E, N) state before (None = zeros).  Returns the (B, T, E) outputs and the state after."""
-    bsz, t, e = x.shape
-    n = a.shape[-1]
+    (B, E, N) state before (None = zeros).  Returns the (B, T, E) outputs and the state after.
+
+    Everything but the state update is computed for all positions at once -- the decays
+    exp(Δ_t A) and inputs Δ_t B_t x_t before the loop, the read-outs C_t · h_t after it -- so
+    the loop over t is one multiply-add on the (B, E, N) state per position."""
+    bsz, _, e = x.shape
     if h is None:
-        h = x.new_zeros(bsz, e, n)
-    outs = []
-    for start in range(0, t, chunk):
-        dt = delta[:, start : start + chunk]  # (B, L, E)
-        xs, bs, cs = (
-            x[:, start : start + chunk],
-            b[:, start : start + chunk],
-            c[:, start : start + chunk],
-        )
-        length = dt.shape[1]
-        log_decay = dt[..., None] * a  # (B, L, E, N): Δ_t A
-        cum = log_decay.cumsum(1)  # (B, L, E, N): Σ_{r≤t} Δ_r A
-        # decay from s to t (s ≤ t): exp(cum_t - cum_s); masked above the diagonal
-        diff = cum[:, :, None] - cum[:, None, :]  # (B, L_t, L_s, E, N)
-        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        decay = torch.exp(diff.masked_fill(~causal[None, :, :, None, None], float("-inf")))
-        inputs = (dt * xs)[..., None] * bs[:, :, None, :]  # (B, L, E, N): Δ_s B_s x_s
-        states = (decay * inputs[:, None]).sum(2)  # (B, L, E, N): the chunk's own part
-        states = states + torch.exp(cum) * h[:, None]  # plus the state carried in
-        outs.append((states * cs[:, :, None, :]).sum(-1) + d * xs)  # (B, L, E)
-        h = states[:, -1]
-    y = torch.cat(outs, 1) if outs else x.new_zeros(bsz, 0, e)
-    return y, h
+        h = x.new_zeros(bsz, e, a.shape[-1])
+    decay = torch.exp(delta[..., None] * a)  # (B, T, E, N)
+    inputs = (delta * x)[..., None] * b[:, :, None, :]  # (B, T, E, N)
+    states = []
+    # unbind, not decay[:, i]: indexing's backward would write a full-size zero gradient per
+    # position (T x B·T·E·N); unbind's gathers them once.
+    for step_decay, step_input in zip(decay.unbind(1), inputs.unbind(1), strict=True):
+        h = step_decay * h + step_input
+        states.append(h)
+    if not states:
+        return x.new_zeros(bsz, 0, e), h
+    hs = torch.stack(states, 1)  # (B, T, E, N)
+    return (hs * c[:, :, None, :]).sum(-1) + d * x, h
 
 
 def selective_scan_reference(

@@ -22,8 +22,8 @@ def lm(**kw: object) -> DecoderLM:
     return m.eval()
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 16, 64])
-def test_chunked_scan_equals_the_recurrence(chunk: int) -> None:
+@pytest.mark.parametrize("split", [1, 5, 20])
+def test_scan_equals_the_recurrence_and_carries_its_state(split: int) -> None:
     torch.manual_seed(0)
     b, t, e, n = 2, 37, 6, 4
     x, b_, c = (torch.randn(b, t, k, dtype=torch.float64) for k in (e, n, n))
@@ -31,11 +31,11 @@ def test_chunked_scan_equals_the_recurrence(chunk: int) -> None:
     a = -torch.rand(e, n, dtype=torch.float64) * 2
     d = torch.randn(e, dtype=torch.float64)
     expected = selective_scan_reference(x, delta, a, b_, c, d)
-    y, h = selective_scan(x, delta, a, b_, c, d, chunk=chunk)
+    y, h = selective_scan(x, delta, a, b_, c, d)
     torch.testing.assert_close(y, expected)
     # The state carries: two calls equal one.
-    y1, h1 = selective_scan(x[:, :20], delta[:, :20], a, b_[:, :20], c[:, :20], d, chunk=chunk)
-    y2, h2 = selective_scan(x[:, 20:], delta[:, 20:], a, b_[:, 20:], c[:, 20:], d, h1, chunk=chunk)
+    y1, h1 = selective_scan(x[:, :split], delta[:, :split], a, b_[:, :split], c[:, :split], d)
+    y2, h2 = selective_scan(x[:, split:], delta[:, split:], a, b_[:, split:], c[:, split:], d, h1)
     torch.testing.assert_close(torch.cat([y1, y2], 1), expected)
     torch.testing.assert_close(h2, h)
 
