@@ -89,6 +89,9 @@ class ModelConfig:
     norm_eps: float = 1e-5
     activation: Activation = "relu"
     bias: bool = True
+    qkv_bias: bool | None = (
+        None  # biases on the Q, K, V projections; None = as `bias` (Qwen2: True)
+    )
     dropout: float = 0.1
     attention_dropout: float = 0.0
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
@@ -228,6 +231,8 @@ class ModelConfig:
             raise _fail("rnn", self.rnn, f"None for arch={self.arch!r} (RNN baselines translate)")
         if self.rnn is not None and self.d_model % 2:
             raise _fail("d_model", self.d_model, "an even width for a bidirectional RNN encoder")
+        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
+            raise _fail("qkv_bias", self.qkv_bias, "true, false or None (as bias)")
         for name in ("attention_scale", "residual", "rnn_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "true or false")
@@ -269,6 +274,11 @@ class ModelConfig:
             raise _fail("pad_id", self.pad_id, "an id inside the vocabulary, or None")
 
     # ----- derived sizes -------------------------------------------------------------------
+    @property
+    def projection_bias(self) -> bool:
+        """Whether the Q, K, V projections have biases."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
     @property
     def kv_heads(self) -> int:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads

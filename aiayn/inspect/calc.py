@@ -116,7 +116,7 @@ def _attention_score_weights(c: ModelConfig) -> int:
 
 def _attention_biases(c: ModelConfig) -> int:
     q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
-    return (q + 2 * kv + c.d_model) if c.bias else 0
+    return (q + 2 * kv if c.projection_bias else 0) + (c.d_model if c.bias else 0)
 
 
 def _ffn_weights(c: ModelConfig) -> int:

@@ -1,5 +1,7 @@
 """Weight conversion between :class:`~aiayn.models.decoder.DecoderLM` and Hugging Face
-``transformers`` GPT-2 (``GPT2LMHeadModel``) and Llama (``LlamaForCausalLM``).
+``transformers`` GPT-2 (``GPT2LMHeadModel``) and the Llama family: Llama
+(``LlamaForCausalLM``), Mistral (the same, with a sliding window) and Qwen2 (the same, with
+biases on the q, k and v projections).
 
 Both directions are strict: every parameter on each side is mapped exactly once (shared,
 tied tensors count once; non-parameter buffers such as GPT-2's ``attn.bias`` causal masks or
@@ -99,10 +101,34 @@ def _llama_rope(c: Any) -> tuple[float, float]:
     return float(theta), float(params["factor"]) if kind == "linear" else 1.0
 
 
-def config_from_llama(hf_config: Any) -> ModelConfig:
-    """``LlamaConfig`` -> RMSNorm, SwiGLU, rotary positions, grouped-query attention, no bias."""
+def _sliding_window(c: Any, family: str) -> int | None:
+    """Mistral's ``sliding_window`` (every layer); Qwen2's only when ``use_sliding_window``,
+    which must then cover every layer (aiayn windows all layers or none)."""
+    if family == "Qwen2":
+        if not getattr(c, "use_sliding_window", False):
+            return None
+        if getattr(c, "max_window_layers", 0) not in (0,):
+            raise ValueError(
+                f"Qwen2Config max_window_layers={c.max_window_layers} cannot be converted: aiayn"
+                " windows every layer or none (expected 0 with use_sliding_window)"
+            )
+    window = getattr(c, "sliding_window", None)
+    return int(window) if window else None
+
+
+def config_from_llama(hf_config: Any, family: str = "Llama") -> ModelConfig:
+    """``LlamaConfig`` -> RMSNorm, SwiGLU, rotary positions, grouped-query attention, no bias.
+    The same family: ``MistralConfig`` (+ a sliding window) and ``Qwen2Config`` (+ biases on
+    q, k and v)."""
     c = hf_config
-    _check("LlamaConfig", c, hidden_act=("silu",), attention_bias=(False,), mlp_bias=(False,))
+    owner = f"{family}Config"
+    _check(owner, c, hidden_act=("silu",), mlp_bias=(False,))
+    qkv_bias: bool | None = None
+    if family == "Qwen2":
+        qkv_bias = True  # Qwen2Attention: q/k/v_proj with bias, o_proj without
+    else:
+        _check(owner, c, attention_bias=(False,))
+    window = None if family == "Llama" else _sliding_window(c, family)
     rope_base, rope_scaling = _llama_rope(c)
     head_dim = getattr(c, "head_dim", None)
     return ModelConfig(
@@ -116,7 +142,7 @@ def config_from_llama(hf_config: Any) -> ModelConfig:
         bias=False, dropout=0.0,
         attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
         scale_embeddings=False, tie_embeddings=bool(c.tie_word_embeddings), pad_id=None,
-        init_std=c.initializer_range,
+        init_std=c.initializer_range, qkv_bias=qkv_bias, sliding_window=window,
     )  # fmt: skip
 
 
@@ -140,17 +166,32 @@ def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     )  # fmt: skip
 
 
-def _llama_config(config: ModelConfig, attn_implementation: str | None) -> Any:
-    """ModelConfig -> ``LlamaConfig`` (inverse of :func:`config_from_llama`).  Llama has no
-    embedding/residual dropout, so ``config.dropout`` (training only) is dropped."""
+def _llama_config(
+    config: ModelConfig, attn_implementation: str | None, family: str = "Llama"
+) -> Any:
+    """ModelConfig -> ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` (inverse of
+    :func:`config_from_llama`).  They have no embedding/residual dropout, so
+    ``config.dropout`` (training only) is dropped."""
     c = config
-    want = "ModelConfig (for Llama)"
+    want = f"ModelConfig (for {family})"
     _check(want, c, arch=("decoder",), positional=("rope",), norm=("rmsnorm",))
     _check(want, c, norm_position=("pre",), activation=("swiglu",))
     _check(want, c, bias=(False,), scale_embeddings=(False,))
     _check(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
+    _check(want, c, mixer=("attention",), n_experts=(None,))
+    _check(want, c, projection_bias=(family == "Qwen2",))
+    if family == "Llama":
+        _check(want, c, sliding_window=(None,))
     scaling = None if c.rope_scaling == 1.0 else {"rope_type": "linear", "factor": c.rope_scaling}
-    return _transformers().LlamaConfig(
+    extra: dict[str, Any] = {}
+    if family == "Mistral":
+        extra["sliding_window"] = c.sliding_window
+    elif family == "Qwen2":
+        window = c.sliding_window is not None
+        extra.update(use_sliding_window=window, sliding_window=c.sliding_window,
+                     max_window_layers=0 if window else c.n_layers)  # fmt: skip
+    return getattr(_transformers(), f"{family}Config")(
+        **extra,
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         num_key_value_heads=c.kv_heads, head_dim=c.head_dim, hidden_act="silu",
@@ -191,6 +232,7 @@ def _gpt2_names(config: ModelConfig) -> NameMap:
 
 
 def _llama_names(config: ModelConfig) -> NameMap:
+    """Llama's names; Mistral's are the same, and Qwen2 adds the q, k, v biases."""
     names: NameMap = [
         ("embed.token.weight", ("model.embed_tokens.weight",), False),
         ("decoder.norm.weight", ("model.norm.weight",), False),
@@ -202,6 +244,11 @@ def _llama_names(config: ModelConfig) -> NameMap:
             (f"{ours}norm1.weight", (f"{hf}input_layernorm.weight",), False),
             # (H D + 2 H_kv D, C) = [q_proj (H D, C); k_proj (H_kv D, C); v_proj (H_kv D, C)]
             (f"{ours}self_attn.qkv.weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), False),
+            *(
+                [(f"{ours}self_attn.qkv.bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), False)]
+                if config.projection_bias
+                else []
+            ),
             (f"{ours}self_attn.out.weight", (f"{attn}o_proj.weight",), False),
             (f"{ours}norm2.weight", (f"{hf}post_attention_layernorm.weight",), False),
             # (2 F, C) = [gate_proj (F, C) = W1; up_proj (F, C) = W3]
@@ -265,6 +312,50 @@ def from_hf_llama(hf_model: Any) -> DecoderLM:
     """A ``LlamaForCausalLM`` as a :class:`DecoderLM` with identical weights."""
     config = config_from_llama(hf_model.config)
     return _from_hf(hf_model, config, _llama_names(config), "Llama")
+
+
+def from_hf_mistral(hf_model: Any) -> DecoderLM:
+    """A ``MistralForCausalLM`` (Llama with a sliding window) as a :class:`DecoderLM`."""
+    config = config_from_llama(hf_model.config, "Mistral")
+    return _from_hf(hf_model, config, _llama_names(config), "Mistral")
+
+
+def from_hf_qwen2(hf_model: Any) -> DecoderLM:
+    """A ``Qwen2ForCausalLM`` (Llama with q, k, v biases) as a :class:`DecoderLM`."""
+    config = config_from_llama(hf_model.config, "Qwen2")
+    return _from_hf(hf_model, config, _llama_names(config), "Qwen2")
+
+
+def to_hf_mistral(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``MistralForCausalLM`` with ``model``'s weights."""
+    hf_config = _llama_config(model.config, attn_implementation, "Mistral")
+    hf_model = _transformers().MistralForCausalLM(hf_config)
+    return _to_hf(model, hf_model, _llama_names(model.config), "Mistral")
+
+
+def to_hf_qwen2(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``Qwen2ForCausalLM`` with ``model``'s weights."""
+    hf_config = _llama_config(model.config, attn_implementation, "Qwen2")
+    hf_model = _transformers().Qwen2ForCausalLM(hf_config)
+    return _to_hf(model, hf_model, _llama_names(model.config), "Qwen2")
+
+
+FROM_HF = {
+    "gpt2": from_hf_gpt2,
+    "llama": from_hf_llama,
+    "mistral": from_hf_mistral,
+    "qwen2": from_hf_qwen2,
+}
+
+
+def from_hf(hf_model: Any) -> DecoderLM:
+    """Any supported Hugging Face causal LM, by its ``config.model_type``."""
+    kind = getattr(hf_model.config, "model_type", None)
+    if kind not in FROM_HF:
+        raise ValueError(
+            f"model_type={kind!r} cannot be converted: supported are {', '.join(FROM_HF)}"
+        )
+    return FROM_HF[kind](hf_model)
 
 
 def to_hf_gpt2(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:

@@ -57,6 +57,7 @@ class Block(nn.Module):
                 d_head=c.head_dim,
                 cross=is_cross,
                 bias=c.bias,
+                qkv_bias=c.qkv_bias,
                 attention_dropout=c.attention_dropout,
                 backend=c.attention_backend,
                 score=c.attention_score,

@@ -46,6 +46,7 @@ class MultiHeadAttention(nn.Module):
         d_head: int | None = None,
         cross: bool = False,
         bias: bool = True,
+        qkv_bias: bool | None = None,
         attention_dropout: float = 0.0,
         backend: str = "sdpa",
         score: str = "dot",
@@ -81,11 +82,12 @@ class MultiHeadAttention(nn.Module):
             self.score_w = nn.Parameter(torch.randn(n_heads, d_head) * d_head**-0.5)
         q_dim, kv_dim = n_heads * d_head, n_kv_heads * d_head
         self.split = (q_dim, kv_dim, kv_dim)
+        in_bias = bias if qkv_bias is None else qkv_bias  # Qwen2: on Q, K, V but not W^O
         if cross:
-            self.q = Linear(d_model, q_dim, bias=bias)
-            self.kv = Linear(d_model, 2 * kv_dim, bias=bias)
+            self.q = Linear(d_model, q_dim, bias=in_bias)
+            self.kv = Linear(d_model, 2 * kv_dim, bias=in_bias)
         else:
-            self.qkv = Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
+            self.qkv = Linear(d_model, q_dim + 2 * kv_dim, bias=in_bias)
         self.out = Linear(q_dim, d_model, bias=bias)  # W^O
 
     def _heads(self, x: Tensor, n: int) -> Tensor:

@@ -83,6 +83,8 @@ def _variants() -> list[ModelConfig]:
         base.replace(attention_score="additive", n_kv_heads=2),  # one w per head and sublayer
         base.replace(arch="decoder", attention_score="additive", residual=False),
         base.replace(arch="decoder", mixer="linear", attention_every=2),
+        base.replace(arch="decoder", bias=False, qkv_bias=True),  # Qwen2's biases
+        base.replace(qkv_bias=False),
         base.replace(arch="decoder", mixer="ssm", bias=False),  # Mamba layers (aiayn/nn/ssm.py)
         base.replace(arch="decoder", mixer="ssm", attention_every=2, ssm_state=4, ssm_expand=1),
     ]

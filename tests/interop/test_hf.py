@@ -18,10 +18,13 @@ from aiayn.config import ModelConfig  # noqa: E402
 from aiayn.interop.hf import (  # noqa: E402
     config_from_gpt2,
     config_from_llama,
+    from_hf,
     from_hf_gpt2,
     from_hf_llama,
     to_hf_gpt2,
     to_hf_llama,
+    to_hf_mistral,
+    to_hf_qwen2,
 )
 from aiayn.models.decoder import DecoderLM  # noqa: E402
 
@@ -268,3 +271,68 @@ def test_config_round_trip_is_identity() -> None:
     config = config_from_gpt2(gpt2().config)
     assert config_from_gpt2(to_hf_gpt2(DecoderLM(config)).config) == config
     assert isinstance(config, ModelConfig)
+
+
+# ----- Mistral and Qwen2 (the Llama family) -------------------------------------------------
+
+
+def llama_family(kind: str, attn: str = "eager", **overrides: object) -> nn.Module:
+    kwargs: dict = dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+    )  # fmt: skip
+    kwargs.update(overrides)
+    config = getattr(transformers, f"{kind}Config")(**kwargs, attn_implementation=attn)
+    model = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
+    with torch.no_grad():  # norms start at 1 and biases at 0: perturb them so they are tested
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_mistral_sliding_window_logits_and_cache_match(attn: str) -> None:
+    """A window of 6 on 24 tokens: every later query sees only its last 6 keys, in HF's
+    masking as in ours, over a full pass and over cached decoding."""
+    hf = llama_family("Mistral", attn, sliding_window=6)
+    ours = from_hf(hf).eval()
+    assert ours.config.sliding_window == 6
+    ids = torch.randint(0, VOCAB, (2, 24))
+    expected = hf_logits(hf, ids)
+    torch.testing.assert_close(ours_logits(ours, ids), expected, **TOL)
+    torch.testing.assert_close(incremental(ours, ids), expected, **TOL)
+    back = to_hf_mistral(ours, attn_implementation=attn).eval()
+    torch.testing.assert_close(hf_logits(back, ids), expected, **TOL)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_qwen2_biases_logits_and_cache_match(tied: bool) -> None:
+    hf = llama_family("Qwen2", tie_word_embeddings=tied)
+    ours = from_hf(hf).eval()
+    assert ours.config.qkv_bias is True and ours.config.bias is False
+    assert ours.decoder.blocks[0].self_attn.out.bias is None  # o_proj has none
+    ids = torch.randint(0, VOCAB, (2, 20))
+    expected = hf_logits(hf, ids)
+    torch.testing.assert_close(ours_logits(ours, ids), expected, **TOL)
+    torch.testing.assert_close(incremental(ours, ids), expected, **TOL)
+    back = to_hf_qwen2(ours, attn_implementation="eager").eval()
+    torch.testing.assert_close(hf_logits(back, ids), expected, **TOL)
+    assert back.config.tie_word_embeddings == tied
+
+
+def test_llama_family_limits_are_named() -> None:
+    with pytest.raises(ValueError, match="max_window_layers=1 cannot be converted"):
+        from_hf(
+            llama_family("Qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1)
+        )
+    with pytest.raises(ValueError, match="model_type='bert' cannot be converted"):
+        from_hf(transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=64)))  # fmt: skip
+    qwen = from_hf(llama_family("Qwen2"))
+    with pytest.raises(ValueError, match="projection_bias=True cannot be converted"):
+        to_hf_llama(qwen)
+    mistral = from_hf(llama_family("Mistral", sliding_window=6))
+    with pytest.raises(ValueError, match="sliding_window=6 cannot be converted"):
+        to_hf_llama(mistral)
