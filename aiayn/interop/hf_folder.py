@@ -1,0 +1,211 @@
+"""Hugging Face checkpoint folders in and out: ``config.json`` and ``model.safetensors``, or
+sharded ``model-0000x-of-0000N.safetensors`` with ``model.safetensors.index.json``.
+
+Loading reads the config with ``transformers.AutoConfig`` from the local folder (its defaults
+are the reference for every field a saved config leaves out; nothing downloads), builds the
+aiayn model, and copies each tensor from the safetensors files straight into its place in the
+model's parameters -- Q, K and V into their slices of the fused projection -- one tensor at a
+time, so that no second copy of the model is ever held.  Every tensor in the files must find
+its place and every parameter must be filled: a missing or extra tensor, or a wrong shape, is
+an error naming it, never a partial load.
+
+Saving writes the HF names (the fused projections split again), in shards of at most
+``max_shard_bytes``, with the index HF's ``from_pretrained`` reads.
+
+Families: GPT-2, Llama, Mistral, Qwen2 (aiayn/interop/hf.py holds their name maps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from aiayn.checkpoint.atomic import write_atomically
+from aiayn.interop.hf import (
+    NameMap,
+    _gpt2_config,
+    _gpt2_names,
+    _llama_config,
+    _llama_names,
+    _transformers,
+    config_from_gpt2,
+    config_from_llama,
+)
+from aiayn.models.decoder import DecoderLM
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+FAMILIES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
+# Buffers older GPT-2 checkpoints carry (causal masks), not weights: skipped when present.
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+def _family_of(model_type: str | None) -> str:
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"model_type={model_type!r} cannot be loaded: supported are {', '.join(FAMILIES)}"
+        )
+    return FAMILIES[model_type]
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """HF tensor name -> the file that holds it."""
+    index = folder / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as err:
+            raise ValueError(f"corrupt index {index}: {err}") from err
+        files = {name: folder / file for name, file in weight_map.items()}
+        missing = sorted({str(p.name) for p in files.values() if not p.is_file()})
+        if missing:
+            raise ValueError(f"{index} names shard(s) that are missing: {missing}")
+        return files
+    single = folder / SINGLE
+    if not single.is_file():
+        raise ValueError(f"{folder} holds neither {SINGLE} nor {INDEX}")
+    with safe_open(str(single), framework="pt") as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+def load_hf_folder(directory: str | os.PathLike[str]) -> DecoderLM:
+    """A :class:`DecoderLM` from a Hugging Face checkpoint folder (see the module docstring)."""
+    folder = Path(directory)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
+    hf_config = _transformers().AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    family = _family_of(getattr(hf_config, "model_type", None))
+    if family == "GPT-2":
+        config = config_from_gpt2(hf_config)
+        names = _gpt2_names(config)
+    else:
+        config = config_from_llama(hf_config, family)
+        names = _llama_names(config)
+    files = _weight_files(folder)
+    dtype = _stored_dtype(files)
+    model = DecoderLM(config).to(dtype)
+    _fill(model, names, files, family)
+    return model.eval()
+
+
+def _stored_dtype(files: dict[str, Path]) -> torch.dtype:
+    """The floating dtype of the stored weights (bf16 stays bf16)."""
+    name, path = next(iter(files.items()))
+    with safe_open(str(path), framework="pt") as f:
+        dtype: torch.dtype = f.get_tensor(name).dtype
+    return dtype
+
+
+@torch.no_grad()
+def _fill(model: DecoderLM, names: NameMap, files: dict[str, Path], family: str) -> None:
+    params = dict(model.named_parameters())  # tied tensors appear once
+    wanted = {h for _, hs, _ in names for h in hs}
+    stored = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
+    extra, missing = sorted(stored - wanted), sorted(wanted - stored)
+    if extra or missing:
+        raise ValueError(
+            f"{family} checkpoint does not match its config: tensors not expected {extra[:8]},"
+            f" tensors missing {missing[:8]}"
+        )
+    unmapped = sorted(set(params) - {o for o, _, _ in names})
+    if unmapped:
+        raise ValueError(f"{family} checkpoint leaves aiayn weights unfilled: {unmapped[:8]}")
+    handles: dict[Path, Any] = {}
+    try:
+        for ours, hf_names, transposed in names:
+            dst = params[ours]
+            offset = 0
+            for h in hf_names:
+                path = files[h]
+                if path not in handles:
+                    handles[path] = safe_open(str(path), framework="pt").__enter__()
+                t = handles[path].get_tensor(h)
+                t = t.t() if transposed else t
+                rows = t.shape[0]
+                if offset + rows > dst.shape[0] or tuple(t.shape[1:]) != tuple(dst.shape[1:]):
+                    raise ValueError(
+                        f"tensor {h}: shape {tuple(t.shape)} does not fit {ours}"
+                        f" {tuple(dst.shape)} at row {offset}"
+                    )
+                dst[offset : offset + rows].copy_(t)
+                offset += rows
+            if offset != dst.shape[0]:
+                raise ValueError(f"{ours}: {offset} rows filled, expected {dst.shape[0]}")
+    finally:
+        for handle in handles.values():
+            handle.__exit__(None, None, None)
+
+
+def save_hf_folder(
+    model: DecoderLM,
+    directory: str | os.PathLike[str],
+    family: str,
+    *,
+    max_shard_bytes: int = 5 * 2**30,
+) -> Path:
+    """Write ``model`` as a Hugging Face ``family`` checkpoint folder ("gpt2", "llama",
+    "mistral", "qwen2"), atomically; shards of at most ``max_shard_bytes`` with an index."""
+    name = _family_of(family)
+    if name == "GPT-2":
+        hf_config = _gpt2_config(model.config, None)
+        names = _gpt2_names(model.config)
+        architecture = "GPT2LMHeadModel"
+    else:
+        hf_config = _llama_config(model.config, None, name)
+        names = _llama_names(model.config)
+        architecture = f"{name.replace('-', '')}ForCausalLM"
+    hf_config.architectures = [architecture]
+    params = dict(model.named_parameters())
+    tensors: dict[str, torch.Tensor] = {}
+    for ours, hf_names, transposed in names:
+        whole = params[ours].detach()
+        sizes = _split_sizes(model, ours, len(hf_names))
+        for h, part in zip(hf_names, whole.split(sizes, dim=0), strict=True):
+            tensors[h] = (part.t() if transposed else part).contiguous().cpu()
+    hf_config.torch_dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+
+    def fill(tmp: Path) -> None:
+        (tmp / "config.json").write_text(hf_config.to_json_string())
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for h, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][h] = t
+            size += nbytes
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SINGLE), metadata={"format": "pt"})
+            return
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, file))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        (tmp / INDEX).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
+
+    return write_atomically(Path(directory), fill)
+
+
+def _split_sizes(model: DecoderLM, ours: str, parts: int) -> list[int]:
+    """Rows of each HF tensor in one of ours: q, k, v in the fused projection; gate and up in
+    SwiGLU's w13; a plain tensor whole."""
+    c = model.config
+    rows = dict(model.named_parameters())[ours].shape[0]
+    if parts == 1:
+        return [rows]
+    if ours.endswith(("qkv.weight", "qkv.bias")):
+        q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
+        if rows == q + 2 * kv:
+            return [q, kv, kv]
+    return [rows // parts] * parts
