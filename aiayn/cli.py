@@ -254,6 +254,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Hugging Face checkpoint folders in (--from-hf) and out (--to-hf FAMILY)."""
+    from aiayn.interop.hf_folder import convert_from_hf, save_hf_folder
+
+    if args.from_hf:
+        path = convert_from_hf(args.from_hf, args.out)
+        print(f"wrote the aiayn checkpoint {path}")
+        return 0
+    if not args.checkpoint:
+        raise ValueError("--to-hf needs --checkpoint (the aiayn checkpoint to export)")
+    bundle = load_bundle(args.checkpoint)
+    if not isinstance(bundle.model, DecoderLM):
+        raise ValueError(f"{args.checkpoint}: only decoder-only models export to HF folders")
+    tok = bundle.tokenizer if isinstance(bundle.tokenizer, BPETokenizer) else None
+    path = save_hf_folder(bundle.model, args.out, args.to_hf, tokenizer=tok)
+    print(f"wrote the Hugging Face folder {path}")
+    return 0
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
     from aiayn.experiment import collect, load_sweep, run_sweep, write_report
 
@@ -599,6 +618,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("example", choices=["trophy", "not-good", "scale", "paths", "nadaraya-watson"])
     q.add_argument("--out", default="figures", help="folder for the PNG (default: figures/)")
     q.set_defaults(func=cmd_inspect_example)
+
+    p = sub.add_parser("convert", help="Hugging Face checkpoint folders in and out")
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument("--from-hf", metavar="DIR", help="an HF folder (config.json, safetensors)")
+    way.add_argument(
+        "--to-hf", metavar="FAMILY", choices=["gpt2", "llama", "mistral", "qwen2"],
+        help="write --checkpoint as this HF family",
+    )  # fmt: skip
+    p.add_argument("--checkpoint", help="the aiayn checkpoint to export (with --to-hf)")
+    p.add_argument("--out", required=True, help="the folder to write")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser(
         "experiment",

@@ -27,6 +27,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from aiayn.checkpoint.atomic import write_atomically
+from aiayn.checkpoint.bundle import save_bundle
+from aiayn.data.tokenizer import BPETokenizer
 from aiayn.interop.hf import (
     NameMap,
     _gpt2_config,
@@ -142,15 +144,50 @@ def _fill(model: DecoderLM, names: NameMap, files: dict[str, Path], family: str)
             handle.__exit__(None, None, None)
 
 
+def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer:
+    """The checkpoint's own tokenizer, from its ``tokenizer.json`` (HF ``tokenizers``: byte-level
+    BPE for GPT-2 and Qwen2, SentencePiece-style BPE for Llama and Mistral), with its
+    normaliser, pre-tokeniser and post-processor -- so text -> ids is what HF's fast tokenizer
+    gives, special tokens (a Llama BOS) included."""
+    from tokenizers import Tokenizer
+
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(
+            f"{directory} has no tokenizer.json (a SentencePiece .model alone is not read yet):"
+            " convert the tokenizer with HF's tokenizers first"
+        )
+    try:
+        return BPETokenizer(Tokenizer.from_file(str(path)))
+    except Exception as err:
+        raise ValueError(f"cannot read the tokenizer {path}: {err}") from err
+
+
+def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """An HF checkpoint folder as an aiayn checkpoint (model, tokenizer, run.json): what
+    ``aiayn generate``, ``evaluate`` and ``explore`` read."""
+    model = load_hf_folder(directory)
+    tokenizer = load_hf_tokenizer(directory)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
+            f" vocab_size={model.config.vocab_size}"
+        )
+    run = {"model": model.config.to_dict(), "source": {"huggingface": str(Path(directory))}}
+    return save_bundle(out, model, tokenizer, run)
+
+
 def save_hf_folder(
     model: DecoderLM,
     directory: str | os.PathLike[str],
     family: str,
     *,
+    tokenizer: BPETokenizer | None = None,
     max_shard_bytes: int = 5 * 2**30,
 ) -> Path:
     """Write ``model`` as a Hugging Face ``family`` checkpoint folder ("gpt2", "llama",
-    "mistral", "qwen2"), atomically; shards of at most ``max_shard_bytes`` with an index."""
+    "mistral", "qwen2"), atomically; shards of at most ``max_shard_bytes`` with an index, and
+    the tokenizer as ``tokenizer.json`` when given."""
     name = _family_of(family)
     if name == "GPT-2":
         hf_config = _gpt2_config(model.config, None)
@@ -172,6 +209,8 @@ def save_hf_folder(
 
     def fill(tmp: Path) -> None:
         (tmp / "config.json").write_text(hf_config.to_json_string())
+        if tokenizer is not None:
+            tokenizer.tok.save(str(tmp / "tokenizer.json"))
         shards: list[dict[str, torch.Tensor]] = [{}]
         size = 0
         for h, t in tensors.items():

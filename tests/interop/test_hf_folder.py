@@ -22,8 +22,9 @@ SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atte
 def hf_model(kind: str, **overrides: object) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "GPT2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB,
-                                         n_positions=32, **overrides)  # fmt: skip
+        kwargs: dict = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": VOCAB,
+                        "n_positions": 32, **overrides}  # fmt: skip
+        config = transformers.GPT2Config(**kwargs)
         model = transformers.GPT2LMHeadModel(config)
     else:
         config = getattr(transformers, f"{kind}Config")(**{**SMALL, **overrides})
@@ -106,3 +107,53 @@ def test_mismatched_folders_are_named(tmp_path: Path) -> None:
         load_hf_folder(tmp_path / "hf")
     with pytest.raises(ValueError, match="no config.json"):
         load_hf_folder(tmp_path)
+
+
+def test_convert_a_folder_with_its_tokenizer_and_generate_as_hf_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`aiayn convert --from-hf` on a GPT-2 folder with its byte-level BPE tokenizer.json:
+    the tokenizer gives HF's ids, and `aiayn generate` greedily continues a prompt with the
+    tokens HF's `generate` picks; `--to-hf` writes a folder HF reads back."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import decoders as tok_decoders
+
+    from aiayn.cli import main
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tok_decoders.ByteLevel()
+    text = ["the cat sat on the mat and the dog sat on the log"] * 50
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    hf = hf_model("GPT2", vocab_size=tok.get_vocab_size())
+    hf.save_pretrained(tmp_path / "hf")
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "hf" / "tokenizer.json")
+    )
+    assert (
+        main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    )
+    from aiayn.checkpoint import load_bundle
+
+    bundle = load_bundle(tmp_path / "ours")
+    prompt = "the cat sat"
+    assert bundle.tokenizer.encode(prompt) == fast(prompt)["input_ids"]
+    ids = torch.tensor([fast(prompt)["input_ids"]])
+    with torch.no_grad():
+        expected = hf.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)[
+            0, ids.shape[1] :
+        ]
+    capsys.readouterr()
+    argv = ["generate", "--checkpoint", str(tmp_path / "ours"), "--prompt", prompt,
+            "--max-new-tokens", "8", "--top-k", "1", "--seed", "0"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.rstrip("\n") == prompt + fast.decode(expected.tolist())
+    assert main(["convert", "--to-hf", "gpt2", "--checkpoint", str(tmp_path / "ours"),
+                 "--out", str(tmp_path / "back")]) == 0  # fmt: skip
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    torch.testing.assert_close(logits(back, ids, True), logits(hf, ids, True), atol=1e-5, rtol=1e-5)
+    assert (tmp_path / "back" / "tokenizer.json").is_file()
