@@ -25,6 +25,7 @@ Each finished variant is scored by:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -64,29 +65,49 @@ def _timing(folder: Path) -> list[float]:
     return [float(s) for s in json.loads(path.read_text())] if path.is_file() else []
 
 
+def _defaults() -> dict[str, dict[str, Any]]:
+    """Every setting's default, per table: a run saved before a setting existed ran with it."""
+    from aiayn.config import ModelConfig
+    from aiayn.train.config import DataConfig, TrainConfig
+
+    return json.loads(
+        json.dumps(
+            {
+                "model": ModelConfig().to_dict(),
+                "data": dataclasses.asdict(DataConfig()),
+                "train": dataclasses.asdict(TrainConfig()),
+            }
+        )
+    )
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """The settings whose values differ; one missing on either side counts as its default."""
+    keys = set(saved) | set(now)
+    return sorted(k for k in keys if saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
+
+
 def _check_same_config(folder: Path, run: RunConfig, name: str) -> None:
-    """A run started under other settings must not be continued under these."""
+    """A run started under other settings must not be continued (or its result reused) under
+    these.  The vocabulary size and padding id are set from the tokenizer, not compared."""
     latest = RunDir(folder).latest()
     if latest is None:
         return
     saved = read_run(latest)
-    now = run.to_dict()
-    for table in ("train", "data"):
-        if saved.get(table) != json.loads(json.dumps(now[table])):
+    now = json.loads(json.dumps(run.to_dict()))
+    defaults = _defaults()
+    for table in ("train", "data", "model"):
+        before, after = dict(saved.get(table, {})), dict(now[table])
+        if table == "model":
+            for key in ("vocab_size", "pad_id"):
+                before.pop(key, None), after.pop(key, None)
+        changed = _differences(before, after, defaults[table])
+        if changed:
             raise ValueError(
                 f"variant {name!r}: its run in {folder} was started with other [{table}]"
-                " settings; remove that folder to start it again, or rename the variant"
+                f" settings ({', '.join(changed)}); remove that folder to start it again, or"
+                " rename the variant"
             )
-    model = dict(saved.get("model", {}))
-    wanted = json.loads(json.dumps(now["model"]))
-    model.pop("vocab_size", None), wanted.pop("vocab_size", None)  # set from the tokenizer
-    model.pop("pad_id", None), wanted.pop("pad_id", None)
-    if model != wanted:
-        changed = sorted(k for k in wanted if model.get(k) != wanted[k])
-        raise ValueError(
-            f"variant {name!r}: its run in {folder} was started with other model settings"
-            f" ({', '.join(changed)}); remove that folder to start it again, or rename the variant"
-        )
 
 
 def training_flops(

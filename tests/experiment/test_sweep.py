@@ -242,3 +242,28 @@ def test_report_with_a_diverged_base_and_bad_flags(setup: tuple[Path, Path]) -> 
     path.write_text(SWEEP.replace("beam = 2", 'beam = 2\ntest = "false"'))
     with pytest.raises(ValueError, match="test = 'false' is invalid: expected true or false"):
         load_sweep(path)
+
+
+def test_a_run_saved_before_a_setting_existed_is_the_same_run(
+    setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A run.json written before a setting was added lacks it; the run used its default, so it
+    is the same run (a release adding a setting must not orphan a sweep)."""
+    from aiayn.checkpoint import RunDir
+    from aiayn.experiment.run import _check_same_config
+
+    data, path = setup
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    run_variant(sweep, sweep.variants[0], out, data, progress=False)
+    latest = RunDir(out / "runs" / "base").latest()
+    assert latest is not None
+    run_json = json.loads((latest / "run.json").read_text())
+    del run_json["train"]["checkpoint_format"], run_json["model"]["mixer"]  # as an older aiayn
+    (latest / "run.json").write_text(json.dumps(run_json))
+    (latest / "manifest.json").unlink()  # the edit would fail the checksum, as it should
+    _check_same_config(out / "runs" / "base", sweep.run_config(sweep.variants[0]), "base")
+    run_json["train"]["label_smoothing"] = 0.3
+    (latest / "run.json").write_text(json.dumps(run_json))
+    with pytest.raises(ValueError, match=r"other \[train\] settings \(label_smoothing\)"):
+        _check_same_config(out / "runs" / "base", sweep.run_config(sweep.variants[0]), "base")
