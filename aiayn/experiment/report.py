@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,8 @@ def plot(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     scored = [r for r in results if "val_bleu" in r]
-    if not scored:
+    if not scored:  # a language-model sweep: its validation loss
+        _plot_losses(path, sweep, [r for r in results if "val_loss" in r])
         return
     names = [f"{r['row']} {r['name']}" for r in scored]
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.32 * len(scored) + 1.5), sharey=True)
@@ -210,6 +212,29 @@ def plot(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(y, names, fontsize=8)
     fig.suptitle(sweep.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_losses(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not results:
+        return
+    names = [f"{r['row']} {r['name']}" for r in results]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(results) + 1.5))
+    y = list(range(len(results)))[::-1]
+    ax.barh(y, [r["val_loss"] for r in results], color="#4477aa")
+    low = min(r["val_loss"] for r in results)
+    ax.set_xlim(left=max(0.0, low - 0.3))
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_xlabel("validation loss (nats/token)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("\n".join(textwrap.wrap(sweep.title, 80)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
