@@ -71,7 +71,7 @@ def linear_attention(
     if k.shape[1] != q.shape[1]:  # GQA: each key/value head serves a group of query heads
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    b, h, t, d = q.shape
+    b, h, _, d = q.shape
     e = v.shape[-1]
     work = torch.promote_types(q.dtype, torch.float32)  # the sums accumulate in >= fp32
     fq, fk, v = feature_map(q).to(work), feature_map(k).to(work), v.to(work)
@@ -83,8 +83,9 @@ def linear_attention(
     else:
         s, z = state.s.to(work), state.z.to(work)
     outs = []
-    for start in range(0, t, chunk):
-        cq, ck, cv = (x[:, :, start : start + chunk] for x in (fq, fk, v))  # (B, H, C, ·)
+    # split, not slicing: a slice's backward writes a full-length zero gradient, T/C times
+    # over (quadratic in T); split's gathers the chunks' gradients once.
+    for cq, ck, cv in zip(fq.split(chunk, 2), fk.split(chunk, 2), v.split(chunk, 2), strict=True):
         within = (cq @ ck.transpose(-1, -2)).tril()  # (B, H, C, C): φ(q_i)·φ(k_j), j <= i
         numerator = within @ cv + cq @ s  # (B, H, C, E)
         denominator = within.sum(-1) + (cq @ z[..., None])[..., 0]  # (B, H, C)
