@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint.atomic import write_atomically
-from aiayn.checkpoint.model import CONFIG_FILE, checked_folder, load, write_model
+from aiayn.checkpoint.model import CONFIG_FILE, checked_folder, load, read_config, write_model
 from aiayn.data.tokenizer import Tokenizer, load_tokenizer
-from aiayn.models import TransformerModel
+from aiayn.models import TransformerModel, build_model
 
 TOKENIZER_FILE = "tokenizer.json"
 RUN_FILE = "run.json"
@@ -77,10 +77,14 @@ def read_run(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return run
 
 
-def load_bundle(directory: str | os.PathLike[str], *, device: str = "cpu") -> Bundle:
-    """Model, tokenizer and run config of a checkpoint folder, every file checked."""
+def load_bundle(
+    directory: str | os.PathLike[str], *, device: str = "cpu", weights: bool = True
+) -> Bundle:
+    """Model, tokenizer and run config of a checkpoint folder, every file checked.  With
+    ``weights=False`` the model is built from its config but not filled (a sharded training
+    run resumes its weights from the shards, after the model is sharded)."""
     path = checked_folder(directory, "checkpoint")
-    model = load(path, device=device)
+    model = load(path, device=device) if weights else build_model(read_config(path)).to(device)
     tok_path = path / TOKENIZER_FILE
     if not tok_path.is_file():
         raise ValueError(f"checkpoint {path} has no {TOKENIZER_FILE}")

@@ -297,9 +297,12 @@ class RunDir:
         return [p for s, p in sorted((s, p) for s, p in found if s is not None)]
 
     # ----- reading --------------------------------------------------------------------
-    def load(self) -> tuple[Bundle, TrainState]:
-        """The latest checkpoint's model, tokenizer, run config and training state."""
+    def load(self, *, weights: bool = True) -> tuple[Bundle, TrainState]:
+        """The latest checkpoint's model, tokenizer, run config and training state; with
+        ``weights=False`` a sharded checkpoint's model is built but not filled (see
+        :func:`~aiayn.checkpoint.bundle.load_bundle`)."""
         latest = self.latest()
         if latest is None:
             raise ValueError(f"{self.root} holds no checkpoint")
-        return load_bundle(latest), read_state(latest)
+        state = read_state(latest)
+        return load_bundle(latest, weights=weights or not state.sharded), state

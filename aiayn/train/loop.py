@@ -125,7 +125,9 @@ def open_run(
         raise ValueError(
             f"nothing to resume in {rd.root}: it holds no checkpoint (start without --resume)"
         )
-    bundle, state = rd.load()
+    # A sharded run's weights are read by `fit` from its shards, each process its own part,
+    # once the model is sharded: nothing here reads the whole model (rd.load(weights=False)).
+    bundle, state = rd.load(weights=False)
     return rd, (bundle.model, bundle.tokenizer, state)
 
 
