@@ -78,12 +78,17 @@ def read_run(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_bundle(
-    directory: str | os.PathLike[str], *, device: str = "cpu", weights: bool = True
+    directory: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    weights: bool = True,
+    verified: bool = False,
 ) -> Bundle:
-    """Model, tokenizer and run config of a checkpoint folder, every file checked.  With
-    ``weights=False`` the model is built from its config but not filled (a sharded training
-    run resumes its weights from the shards, after the model is sharded)."""
-    path = checked_folder(directory, "checkpoint")
+    """Model, tokenizer and run config of a checkpoint folder, every file checked (unless the
+    caller has just done so: ``verified``).  With ``weights=False`` the model is built from
+    its config but not filled (a sharded training run resumes its weights from the shards,
+    after the model is sharded)."""
+    path = Path(directory) if verified else checked_folder(directory, "checkpoint")
     model = load(path, device=device) if weights else build_model(read_config(path)).to(device)
     tok_path = path / TOKENIZER_FILE
     if not tok_path.is_file():

@@ -57,7 +57,7 @@ from aiayn.checkpoint.bundle import (
     save_bundle,
     write_bundle_files,
 )
-from aiayn.checkpoint.model import write_config
+from aiayn.checkpoint.model import checked_folder, write_config
 from aiayn.checkpoint.sharded import check_shards_present, save_sharded
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import TransformerModel
@@ -304,5 +304,6 @@ class RunDir:
         latest = self.latest()
         if latest is None:
             raise ValueError(f"{self.root} holds no checkpoint")
+        checked_folder(latest, "checkpoint")  # the manifest first: it names a damaged file
         state = read_state(latest)
-        return load_bundle(latest, weights=weights or not state.sharded), state
+        return load_bundle(latest, weights=weights or not state.sharded, verified=True), state
