@@ -37,11 +37,16 @@ OTHER = {  # setting -> how a non-default value reads in the "other" column
     "attention_scale": lambda v: "" if v else "no 1/√d_k",
     "residual": lambda v: "" if v else "no residual",
     "norm_position": lambda v: f"{v}-LN",
-    "rnn": lambda v: "Transformer" if v is None else f"{v.upper()}",
+    "rnn": lambda v: "" if v is None else f"{v.upper()}",
     "rnn_attention": lambda v: "" if v is None else ("attention" if v else "no attention"),
-    "mixer": lambda v: "softmax attention" if v == "attention" else f"{v} attention",
+    "mixer": lambda v: (
+        "" if v in (None, "attention") else ("selective SSM" if v == "ssm" else f"{v} attention")
+    ),
     "attention_every": lambda v: "" if v is None else f"softmax every {v} layers",
 }
+# What a result written before a setting existed ran with.
+MISSING: dict[str, Any] = {"mixer": "attention", "attention_every": None, "rnn": None,
+                           "rnn_attention": None}  # fmt: skip
 CSV_FIELDS = [
     "name", "row", "note", "n_layers", "d_model", "d_ff", "n_heads", "d_head", "dropout",
     "label_smoothing", "positional", "norm_position", "attention_score", "attention_scale",
@@ -97,8 +102,8 @@ def markdown_table(sweep: Sweep, results: list[dict[str, Any]]) -> str:
             cells.append("" if same else _cell(v))
         other = []
         for key, say in OTHER.items():
-            v = r["model"].get(key)
-            if is_base or base is None or v != base["model"].get(key):
+            v = r["model"].get(key, MISSING.get(key))  # older results lack newer settings
+            if is_base or base is None or v != base["model"].get(key, MISSING.get(key)):
                 other.append(say(v))
         if r["model"]["n_decoder_layers"] != r["model"]["n_layers"]:
             other.append(f"{r['model']['n_decoder_layers']} decoder layers")
