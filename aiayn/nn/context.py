@@ -68,3 +68,9 @@ class Context:
     memory: Tensor | None = None  # (B, S_src, C) encoder output, for cross-attention
     memory_mask: Tensor | None = None  # (B, 1, 1, S_src) bool
     record: Record | None = None
+
+    def new_token_keep(self, t: int) -> Tensor | None:
+        """(B, T) True at the real tokens among the ``t`` this pass adds (the last t keys of
+        the mask), or None when every token is real: what a recurrent layer keeps out of its
+        state."""
+        return None if self.mask is None else self.mask[:, 0, 0, -t:]

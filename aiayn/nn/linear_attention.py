@@ -113,15 +113,8 @@ class LinearSelfAttention(MultiHeadAttention):
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         if self.cross or not ctx.causal:
             raise ValueError("linear attention is causal self-attention (decoder-only models)")
-        q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, T, (H + 2 H_kv) D)
-        q, k, v = (
-            self._heads(q, self.n_heads),
-            self._heads(k, self.n_kv_heads),
-            self._heads(v, self.n_kv_heads),
-        )
-        q, k = ctx.positions.on_qk(q, k)
-        t = x.shape[1]
-        keep = None if ctx.mask is None else ctx.mask[:, 0, 0, -t:]  # (B, T) the new tokens
+        q, k, v = self.self_qkv(x, ctx)
+        keep = ctx.new_token_keep(x.shape[1])  # (B, T) or None
         if ctx.cache is None:
             out, _ = linear_attention(q, k, v, keep=keep)
         else:

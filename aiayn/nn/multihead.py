@@ -93,6 +93,18 @@ class MultiHeadAttention(nn.Module):
     def _heads(self, x: Tensor, n: int) -> Tensor:
         return x.unflatten(-1, (n, self.d_head)).transpose(1, 2)  # (B, T, n*D) -> (B, n, T, D)
 
+    def self_qkv(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries (B, H, T, D), keys and values (B, H_kv, T, D) of ``x``,
+        with the context's positions applied to q and k (RoPE)."""
+        q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, T, (H + 2 H_kv) D)
+        q, k, v = (
+            self._heads(q, self.n_heads),
+            self._heads(k, self.n_kv_heads),
+            self._heads(v, self.n_kv_heads),
+        )
+        q, k = ctx.positions.on_qk(q, k)
+        return q, k, v
+
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of the encoder output: (B, H_kv, S, D) each."""
         k, v = self.kv(memory).chunk(2, dim=-1)  # (B, S, H_kv*D) each
@@ -123,13 +135,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self._cross_kv(ctx)  # (B, H_kv, S, D)
             mask, causal, window = ctx.memory_mask, False, None
         else:
-            q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, T, (H + 2 H_kv) D)
-            q, k, v = (
-                self._heads(q, self.n_heads),
-                self._heads(k, self.n_kv_heads),
-                self._heads(v, self.n_kv_heads),
-            )
-            q, k = ctx.positions.on_qk(q, k)
+            q, k, v = self.self_qkv(x, ctx)
             if ctx.cache is not None:
                 k, v = ctx.cache.layers[self.layer].self_kv.update(k, v)  # (B, H_kv, S, D)
             mask = add_bias(ctx.mask, ctx.positions.score_bias())

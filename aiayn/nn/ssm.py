@@ -142,8 +142,7 @@ class SelectiveSSM(nn.Module):
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         if not ctx.causal:
             raise ValueError("the selective state-space layer is causal (decoder-only models)")
-        t = x.shape[1]
-        keep = None if ctx.mask is None else ctx.mask[:, 0, 0, -t:]  # (B, T) the new tokens
+        keep = ctx.new_token_keep(x.shape[1])  # (B, T) or None
         xz = self.in_proj(x)  # (B, T, 2E)
         u, z = xz.chunk(2, dim=-1)  # (B, T, E) each
         if keep is not None:
