@@ -114,15 +114,18 @@ class ModelConfig:
     rnn_attention: bool = True
     # What mixes positions in a decoder-only model's layers: softmax "attention" (Eq. 1),
     # "linear" attention (aiayn/nn/linear_attention.py: O(n) training, an O(1) decoding
-    # state), or "ssm", a selective state-space layer (Mamba, aiayn/nn/ssm.py).  attention_every = k makes a hybrid: the last layer of every k keeps softmax
-    # attention (Jamba's pattern: one attention layer among recurrent ones).
+    # state), or "ssm", a selective state-space layer (Mamba-2, aiayn/nn/ssm.py).
+    # attention_every = k makes a hybrid: the last layer of every k keeps softmax attention
+    # (Jamba's pattern: one attention layer among recurrent ones).
     mixer: Mixer = "attention"
     attention_every: int | None = None
-    # "ssm": Mamba's selective state-space layer (aiayn/nn/ssm.py): state size N, inner width
-    # ssm_expand · d_model, causal depthwise convolution of ssm_conv taps.
+    # "ssm": Mamba-2's selective state-space layer (aiayn/nn/ssm.py): state size N, inner width
+    # ssm_expand · d_model in heads of ssm_head_dim channels (one decay per head), causal
+    # depthwise convolution of ssm_conv taps.
     ssm_state: int = 16
     ssm_expand: int = 2
     ssm_conv: int = 4
+    ssm_head_dim: int = 64
     # Images (the Vision Transformer, aiayn/models/vision.py; an encoder): square images of
     # image_size pixels and `channels` channels, cut into patch_size patches, classified into
     # n_classes by the [CLS] token ("cls") or the mean of the patches ("mean").
@@ -158,7 +161,8 @@ class ModelConfig:
             if value not in registry.names(kind):
                 raise _fail(name, value, f"one of {', '.join(map(repr, registry.names(kind)))}")
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_len",
-                     "ssm_state", "ssm_expand", "ssm_conv", "patch_size", "channels"):  # fmt: skip
+                     "ssm_state", "ssm_expand", "ssm_conv", "ssm_head_dim", "patch_size",
+                     "channels"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise _fail(name, value, "a positive integer")
@@ -192,6 +196,13 @@ class ModelConfig:
             if self.positional == "alibi":
                 raise _fail(
                     "positional", "alibi", f"not ALiBi with mixer={self.mixer!r} (no scores)"
+                )
+            inner = self.ssm_expand * self.d_model
+            if self.mixer == "ssm" and inner % self.ssm_head_dim:
+                raise _fail(
+                    "ssm_head_dim",
+                    self.ssm_head_dim,
+                    f"a divisor of the inner width ssm_expand * d_model = {inner}",
                 )
         if self.attention_every is not None:
             if self.mixer == "attention":

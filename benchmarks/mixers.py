@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MIXERS = {
     "softmax": {"mixer": "attention", "d_ff": 512},
     "linear": {"mixer": "linear", "d_ff": 512},
-    "ssm": {"mixer": "ssm", "d_ff": 320},
-    "hybrid-ssm-1-in-4": {"mixer": "ssm", "d_ff": 368, "attention_every": 4},
+    "ssm": {"mixer": "ssm", "d_ff": 360},
+    "hybrid-ssm-1-in-4": {"mixer": "ssm", "d_ff": 400, "attention_every": 4},
 }
 
 

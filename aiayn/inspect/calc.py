@@ -156,22 +156,35 @@ def _stacks(c: ModelConfig) -> tuple[int, int]:
 
 
 def _ssm_sizes(c: ModelConfig) -> tuple[int, int, int, int]:
-    """(E, dt rank, N, K) of a selective state-space layer (aiayn/nn/ssm.py)."""
-    return c.ssm_expand * c.d_model, -(-c.d_model // 16), c.ssm_state, c.ssm_conv
+    """(E, H, N, K) of a selective state-space layer (aiayn/nn/ssm.py): inner width, heads,
+    state size, convolution taps."""
+    e = c.ssm_expand * c.d_model
+    return e, e // c.ssm_head_dim, c.ssm_state, c.ssm_conv
 
 
 def _ssm_matmul_weights(c: ModelConfig) -> int:
-    """in_proj (x and z), x_proj (Δ, B, C), dt_proj, out_proj."""
-    e, r, n, _ = _ssm_sizes(c)
-    return 2 * e * c.d_model + e * (r + 2 * n) + r * e + e * c.d_model
+    """in_proj (z, x, B, C and one Δ per head) and out_proj."""
+    e, h, n, _ = _ssm_sizes(c)
+    return c.d_model * (2 * e + 2 * n + h) + e * c.d_model
 
 
 def _ssm_parameters(c: ModelConfig) -> int:
-    """Every parameter of one state-space layer: the matrices, the depthwise convolution (K
-    taps and a bias per channel), Δ's bias, A (E x N), D, and the projections' biases."""
+    """Every parameter of one state-space layer: the matrices, the depthwise convolution over
+    x, B and C (K taps and a bias per channel), Δ's bias, A and D (one per head), the gated
+    RMSNorm's weight, and the projections' biases."""
+    e, h, n, k = _ssm_sizes(c)
+    biases = (2 * e + 2 * n + h + c.d_model) if c.bias else 0
+    return _ssm_matmul_weights(c) + (e + 2 * n) * (k + 1) + 3 * h + e + biases
+
+
+def _ssm_scan_flops(c: ModelConfig, context: int) -> int:
+    """Forward FLOPs per token of one layer's chunked scan (aiayn/nn/ssm.py), chunks of
+    Q = min(64, context): C·B over the chunk (2 Q N), the masked Q x Q block times x
+    (2 Q E), the chunk's state and the read-out of the entering state (2 E N each), and the
+    depthwise convolution over x, B and C (2 (E + 2N) K)."""
     e, _, n, k = _ssm_sizes(c)
-    biases = (2 * e + c.d_model) if c.bias else 0
-    return _ssm_matmul_weights(c) + e * k + e + e + e * n + e + biases
+    q = min(64, context)
+    return 2 * q * n + 2 * q * e + 4 * e * n + 2 * (e + 2 * n) * k
 
 
 def _mixers(c: ModelConfig) -> dict[str, int]:
@@ -293,10 +306,8 @@ def training_flops_per_token(config: ModelConfig, context: int) -> int:
     # weighted value (2); backward twice that.
     per_pair = 12 if c.attention_score == "dot" else 15
     attention = per_pair * _attention_span_sum(c, context) * d_attn
-    # A state-space layer's scan, per token and forward: exp(ΔA)·h, ΔBx and C·h over the
-    # E x N state (~6 E N), and the K-tap depthwise convolution (2 E K); backward twice that.
-    e, _, n, k = _ssm_sizes(c)
-    scan = _mixers(c)["ssm"] * 3 * (6 * e * n + 2 * e * k)
+    # A state-space layer's chunked scan (forward, _ssm_scan_flops); backward twice that.
+    scan = _mixers(c)["ssm"] * 3 * _ssm_scan_flops(c, context)
     return 6 * matmul_parameters(c) + attention + scan
 
 
@@ -364,14 +375,15 @@ def kv_cache_bytes_per_token(config: ModelConfig, dtype_bytes: int | str = 2) ->
 def recurrent_state_bytes(config: ModelConfig, batch: int = 1) -> int:
     """The fixed-size decoding state of the recurrent layers, whatever the context, in fp32:
     linear attention's S (d_head x d_head) and z (d_head) per head (aiayn/nn/
-    linear_attention.py), a state-space layer's last K - 1 conv inputs and its E x N state
+    linear_attention.py), a state-space layer's last K - 1 conv inputs (x, B and C) and its
+    E x N state
     (aiayn/nn/ssm.py) -- 0 for a model with softmax attention only."""
     c = config
     if c.arch != "decoder":
         return 0
     linear = sum(c.mixer_at(i) == "linear" for i in range(c.n_layers))
     e, _, n, k = _ssm_sizes(c)
-    ssm = _mixers(c)["ssm"] * e * (k - 1 + n)  # the conv window and h
+    ssm = _mixers(c)["ssm"] * ((e + 2 * n) * (k - 1) + e * n)  # the conv window and h
     return batch * 4 * (linear * c.n_heads * c.head_dim * (c.head_dim + 1) + ssm)
 
 

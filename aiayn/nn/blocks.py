@@ -72,7 +72,9 @@ class Block(nn.Module):
                 state_size=c.ssm_state,
                 expand=c.ssm_expand,
                 conv=c.ssm_conv,
+                head_dim=c.ssm_head_dim,
                 bias=c.bias,
+                eps=c.norm_eps,
                 layer=layer,
             )
             if c.mixer_at(layer) == "ssm" and not cross

@@ -1,30 +1,43 @@
-"""A selective state-space layer (Mamba; Gu & Dao, 2023) in plain PyTorch, as a sequence mixer
-in place of self-attention.
+"""A selective state-space layer in plain PyTorch, as a sequence mixer in place of
+self-attention: Mamba-2's (Dao & Gu, 2024, "Transformers are SSMs"), whose scan trains in
+chunks of matrix products.
 
-Per channel c of the inner width E and state size N, with input-dependent (selective) step
-Δ_t, input matrix B_t and output matrix C_t::
+Per head h (E = H · P inner channels in H heads of P), state size N, with an input-dependent
+(selective) step Δ_t (one per head), input vector B_t and output vector C_t (N each)::
 
-    h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t          (E × N state)
-    y_t = C_t · h_t + D x_t
+    h_t = exp(Δ_t A_h) h_{t-1} + Δ_t x_t B_tᵀ          (P × N state per head)
+    y_t = h_t C_t + D_h x_t
 
-around it, Mamba's block: an input projection to x and a gate z (2E), a short causal
-depthwise convolution and SiLU on x, the scan, ``y ⊙ SiLU(z)``, and an output projection
-back to the model width.  A = -exp(A_log) < 0 makes every state decay.
+A_h = -exp(A_log_h) < 0, so every state decays.  This is Mamba's selective scan (Gu & Dao,
+2023) with one change, Mamba-2's: the decay is a scalar per head and step, not a separate
+number for each of the E × N state entries.  That is what lets the scan train as matrix
+products.
 
-* Training computes the decays exp(Δ_t A), the inputs Δ_t B_t x_t and the read-outs for all
-  positions at once; only the state update h_t = decay_t ⊙ h_{t-1} + input_t runs position
-  by position -- one multiply-add on a (B, E, N) tensor each, as Mamba's reference scan
-  does.  (A chunked parallel form needs L × L × E × N numbers per chunk, which on a CPU
-  costs far more than it saves.)
-* Decoding carries (conv window, h): a fixed E × (k - 1 + N) numbers per layer, whatever the
-  length -- no growing cache.
+Around the scan sits Mamba-2's block:
 
-:func:`selective_scan` is both (a state in, a state out); tests/nn/test_ssm.py checks it
-against the recurrence written out position by position, and the layer's step-by-step decoding
-against its full-sequence pass.  A padded position (``keep`` False) has Δ = 0 and x = 0: the
-state passes it unchanged.
+* one input projection to the gate z (E), the scan input x (E), B and C (N each) and Δ (H);
+* a short causal depthwise convolution and SiLU over x, B and C;
+* the scan;
+* a gated RMSNorm, RMSNorm(y ⊙ SiLU(z));
+* the output projection back to the model width.
 
-Shapes: B batch, T positions, C = d_model, E inner width, N state size, K conv width.
+Two forms compute the scan, and tests/nn/test_ssm.py checks both against the recurrence
+written out position by position:
+
+* Training (:func:`chunked_scan`): the sequence is cut into chunks of Q positions.
+  Inside a chunk, y = (L ∘ C Bᵀ) (Δ x), where L_ts = exp(Σ_{s<j≤t} Δ_j A) for s ≤ t (0 above
+  the diagonal): this is the "attention-like" quadratic form on Q × Q blocks.  Each chunk's
+  final state is a matrix product too.  Only the hand-over of the state from chunk to chunk,
+  one multiply-add per chunk on a (B, H, P, N) tensor, runs in a loop.  Nothing of size
+  T × E × N is ever built, which is what made Mamba-1's per-entry decay slow in plain
+  PyTorch: its scan is memory-bound on such tensors.
+* Decoding (:func:`scan_step`): one step of the recurrence, carrying (conv window, h): a fixed
+  (E + 2N) × (K - 1) + E × N numbers per layer, whatever the length.  No cache grows.
+
+A padded position (``keep`` False) has Δ = 0 and x = 0: the state passes it unchanged.
+
+Shapes: B batch, T positions, C = d_model, E inner width, H heads of P channels (E = H P),
+N state size, K conv width, Q chunk length, G = T / Q chunks.
 """
 
 from __future__ import annotations
@@ -39,10 +52,13 @@ from torch import Tensor, nn
 from aiayn.nn.context import Context
 from aiayn.nn.linear import Linear
 
+CHUNK = 64  # Q: long enough for matrix products, short enough for Q × Q blocks
+
 
 @dataclass
 class SSMState:
-    """One layer's decoding state: the last K - 1 conv inputs (B, E, K-1) and h (B, E, N)."""
+    """One layer's decoding state: the last K - 1 conv inputs (B, E + 2N, K-1) and
+    h (B, H, P, N)."""
 
     conv: Tensor
     h: Tensor
@@ -54,56 +70,99 @@ class SSMState:
         return self.conv.numel() * self.conv.element_size() + self.h.numel() * self.h.element_size()
 
 
-def selective_scan(
+def segment_sums(log_decay: Tensor) -> Tensor:
+    """(..., Q) per-step log decays -> (..., Q, Q) with entry [t, s] = Σ_{s<j≤t} log_decay_j
+    for s ≤ t and -inf above the diagonal, so that exp() gives the decay from s to t (1 on
+    the diagonal, 0 where s > t).  A masked cumulative sum, not a difference of cumulative
+    sums: every entry is a sum of non-positive numbers, so exp() cannot overflow."""
+    q = log_decay.shape[-1]
+    ones = torch.ones(q, q, dtype=torch.bool, device=log_decay.device)
+    below = torch.tril(ones, -1)  # j > s
+    x = log_decay[..., :, None].expand(*log_decay.shape, q)  # [..., j, s] = log_decay_j
+    sums = x.masked_fill(~below, 0).cumsum(-2)  # [..., t, s] = Σ_{s<j≤t}
+    return sums.masked_fill(~torch.tril(ones), -math.inf)
+
+
+def chunked_scan(
     x: Tensor,
-    delta: Tensor,
-    a: Tensor,
+    log_decay: Tensor,
     b: Tensor,
     c: Tensor,
-    d: Tensor,
     h: Tensor | None = None,
+    chunk: int = CHUNK,
 ) -> tuple[Tensor, Tensor]:
-    """The scan: (B, T, E) inputs x and steps Δ, (E, N) A, (B, T, N) B and C, (E,) D, and the
-    (B, E, N) state before (None = zeros).  Returns the (B, T, E) outputs and the state after.
+    """The scan for a whole sequence, in chunks (module docstring).
 
-    Everything but the state update is computed for all positions at once -- the decays
-    exp(Δ_t A) and inputs Δ_t B_t x_t before the loop, the read-outs C_t · h_t after it -- so
-    the loop over t is one multiply-add on the (B, E, N) state per position."""
-    bsz, _, e = x.shape
+    ``x``: (B, T, H, P) inputs already multiplied by Δ; ``log_decay``: (B, T, H) = Δ_t A_h;
+    ``b``, ``c``: (B, T, N); ``h``: the (B, H, P, N) state before (None = zeros).  Returns the
+    (B, T, H, P) outputs h_t C_t (without D x) and the state after the last position."""
+    bsz, t, heads, p = x.shape
+    n = b.shape[-1]
     if h is None:
-        h = x.new_zeros(bsz, e, a.shape[-1])
-    decay = torch.exp(delta[..., None] * a)  # (B, T, E, N)
-    inputs = (delta * x)[..., None] * b[:, :, None, :]  # (B, T, E, N)
-    states = []
-    # unbind, not decay[:, i]: indexing's backward would write a full-size zero gradient per
-    # position (T x B·T·E·N); unbind's gathers them once.
-    for step_decay, step_input in zip(decay.unbind(1), inputs.unbind(1), strict=True):
-        h = step_decay * h + step_input
-        states.append(h)
-    if not states:
-        return x.new_zeros(bsz, 0, e), h
-    hs = torch.stack(states, 1)  # (B, T, E, N)
-    return (hs * c[:, :, None, :]).sum(-1) + d * x, h
+        h = x.new_zeros(bsz, heads, p, n)
+    if t == 0:
+        return x.new_zeros(bsz, 0, heads, p), h
+    q = min(chunk, t)
+    pad = -t % q
+    if pad:  # zero inputs and no decay past the end: the final state is unchanged
+        x, b, c = (F.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for v in (x, b, c))
+        log_decay = F.pad(log_decay, (0, 0, 0, pad))
+    g = (t + pad) // q
+    xs = x.view(bsz, g, q, heads, p).permute(0, 3, 1, 2, 4)  # (B, H, G, Q, P)
+    la = log_decay.view(bsz, g, q, heads).permute(0, 3, 1, 2)  # (B, H, G, Q)
+    bs, cs = b.view(bsz, g, q, n), c.view(bsz, g, q, n)  # (B, G, Q, N)
+    cum = la.cumsum(-1)  # (B, H, G, Q): log decay from the chunk's start to t
+
+    # Within each chunk: y_t = Σ_{s≤t} exp(Σ_{s<j≤t} la_j) (C_t · B_s) x_s.
+    scores = cs @ bs.transpose(-1, -2)  # (B, G, Q, Q): C_t · B_s
+    y = (scores[:, None] * torch.exp(segment_sums(la))) @ xs  # (B, H, G, Q, P)
+
+    # Each chunk's own final state (from zero): Σ_s exp(cum_end - cum_s) x_s B_sᵀ.
+    to_end = torch.exp(cum[..., -1:] - cum)  # (B, H, G, Q)
+    states = (xs * to_end[..., None]).transpose(-1, -2) @ bs[:, None]  # (B, H, G, P, N)
+
+    # Hand the state over from chunk to chunk: the one sequential part, G steps.
+    whole = torch.exp(cum[..., -1])  # (B, H, G): each chunk's total decay
+    before = []
+    for i in range(g):
+        before.append(h)
+        h = whole[:, :, i, None, None] * h + states[:, :, i]
+    entering = torch.stack(before, 2)  # (B, H, G, P, N): the state entering each chunk
+
+    # ... read out at every position of the chunk, decayed from the chunk's start.
+    y = y + (cs[:, None] @ entering.transpose(-1, -2)) * torch.exp(cum)[..., None]
+    y = y.permute(0, 2, 3, 1, 4).reshape(bsz, g * q, heads, p)[:, :t]  # (B, T, H, P)
+    return y, h
 
 
-def selective_scan_reference(
-    x: Tensor, delta: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor
-) -> Tensor:
-    """The recurrence one position at a time, for tests."""
-    h = x.new_zeros(x.shape[0], x.shape[2], a.shape[-1])
+def scan_step(
+    x: Tensor, log_decay: Tensor, b: Tensor, c: Tensor, h: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One step of the recurrence, for decoding: (B, H, P) x (times Δ), (B, H) log decay,
+    (B, N) B and C, (B, H, P, N) state -> (B, H, P) output and the new state."""
+    h = torch.exp(log_decay)[..., None, None] * h + x[..., None] * b[:, None, None, :]
+    return (h @ c[:, None, :, None]).squeeze(-1), h  # (B, H, P)
+
+
+def scan_reference(
+    x: Tensor, log_decay: Tensor, b: Tensor, c: Tensor, h: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The recurrence one position at a time, written out plainly, for tests."""
+    bsz, t, heads, p = x.shape
+    if h is None:
+        h = x.new_zeros(bsz, heads, p, b.shape[-1])
     ys = []
-    for t in range(x.shape[1]):
-        h = (
-            torch.exp(delta[:, t, :, None] * a) * h
-            + (delta[:, t] * x[:, t])[..., None] * b[:, t, None, :]
-        )
-        ys.append((h * c[:, t, None, :]).sum(-1) + d * x[:, t])
-    return torch.stack(ys, 1)
+    for i in range(t):
+        decay = torch.exp(log_decay[:, i])[:, :, None, None]  # (B, H, 1, 1)
+        h = decay * h + x[:, i, :, :, None] * b[:, i, None, None, :]
+        ys.append((h * c[:, i, None, None, :]).sum(-1))
+    return torch.stack(ys, 1), h
 
 
 class SelectiveSSM(nn.Module):
-    """Mamba's mixer (module docstring): (B, T, C) -> (B, T, C), causal, with a state for
-    decoding.  ``expand`` sets E = expand · C; ``state_size`` is N; ``conv`` is K."""
+    """Mamba-2's mixer (module docstring): (B, T, C) -> (B, T, C), causal, with a state for
+    decoding.  ``expand`` sets E = expand · C, cut into heads of ``head_dim`` channels;
+    ``state_size`` is N; ``conv`` is K."""
 
     def __init__(
         self,
@@ -112,60 +171,71 @@ class SelectiveSSM(nn.Module):
         state_size: int = 16,
         expand: int = 2,
         conv: int = 4,
+        head_dim: int = 64,
         bias: bool = False,
+        eps: float = 1e-5,
         layer: int = 0,
     ) -> None:
         super().__init__()
         e = expand * d_model
+        if e % head_dim:
+            raise ValueError(
+                f"ssm_head_dim={head_dim} must divide the inner width ssm_expand * d_model = {e}"
+            )
         self.inner, self.state_size, self.kernel, self.layer = e, state_size, conv, layer
-        self.dt_rank = math.ceil(d_model / 16)
-        self.in_proj = Linear(d_model, 2 * e, bias=bias)  # x and the gate z
-        self.conv = nn.Conv1d(e, e, conv, groups=e, padding=0, bias=True)  # causal: left pad
-        self.x_proj = Linear(e, self.dt_rank + 2 * state_size, bias=False)  # Δ (low rank), B, C
-        self.dt_proj = Linear(self.dt_rank, e, bias=True)
-        self.a_log = nn.Parameter(torch.empty(e, state_size))  # (E, N): A = -exp(a_log)
-        self.d = nn.Parameter(torch.empty(e))
+        self.heads, self.head_dim = e // head_dim, head_dim
+        self.conv_width = e + 2 * state_size  # x, B and C go through the convolution
+        # z (E), x (E), B (N), C (N), Δ (H) from one projection.
+        self.in_proj = Linear(d_model, e + self.conv_width + self.heads, bias=bias)
+        self.conv = nn.Conv1d(self.conv_width, self.conv_width, conv, groups=self.conv_width)
+        self.dt_bias = nn.Parameter(torch.empty(self.heads))
+        self.a_log = nn.Parameter(torch.empty(self.heads))  # A_h = -exp(a_log_h)
+        self.d = nn.Parameter(torch.empty(self.heads))
+        self.norm = nn.RMSNorm(e, eps=eps)
         self.out = Linear(e, d_model, bias=bias)
         self.post_init()
 
     @torch.no_grad()
     def post_init(self) -> None:
-        """Mamba's own initialisation, which the model's generic one (matrices and zero
+        """Mamba-2's own initialisation, which the model's generic one (matrices and zero
         biases) must not undo: Δ's bias such that softplus gives steps in [1e-3, 0.1],
-        log-uniform; A_n = -(n + 1) for n < N (S4D-real); D = 1."""
-        dt = torch.exp(torch.rand(self.inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
-        n = torch.arange(1, self.state_size + 1, dtype=torch.float32)
-        self.a_log.copy_(torch.log(n).repeat(self.inner, 1))
+        log-uniform; A_h uniform in [1, 16]; D = 1."""
+        dt = torch.exp(torch.rand(self.heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
+        self.a_log.copy_(torch.log(torch.empty(self.heads).uniform_(1.0, 16.0)))
         self.d.fill_(1.0)
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         if not ctx.causal:
             raise ValueError("the selective state-space layer is causal (decoder-only models)")
-        keep = ctx.new_token_keep(x.shape[1])  # (B, T) or None
-        xz = self.in_proj(x)  # (B, T, 2E)
-        u, z = xz.chunk(2, dim=-1)  # (B, T, E) each
-        if keep is not None:
-            u = u * keep[..., None].to(u.dtype)
+        bsz, t, _ = x.shape
+        e, n, k, heads, p = self.inner, self.state_size, self.kernel, self.heads, self.head_dim
+        keep = ctx.new_token_keep(t)  # (B, T) or None
+        z, xbc, dt = self.in_proj(x).split([e, self.conv_width, heads], dim=-1)
+        if keep is not None:  # padding enters neither the convolution nor the state
+            xbc = xbc * keep[..., None].to(xbc.dtype)
         layer = None if ctx.cache is None else ctx.cache.layers[self.layer]
         state = layer.state if layer is not None and isinstance(layer.state, SSMState) else None
-        k = self.kernel
         history = (
-            state.conv if state is not None else u.new_zeros(u.shape[0], self.inner, k - 1)
-        )  # (B, E, K-1)
-        window = torch.cat([history, u.transpose(1, 2)], dim=-1)  # (B, E, K-1+T)
-        u = F.silu(self.conv(window).transpose(1, 2))  # (B, T, E)
-        dt, b, c = self.x_proj(u).split([self.dt_rank, self.state_size, self.state_size], dim=-1)
-        delta = F.softplus(self.dt_proj(dt))  # (B, T, E)
+            state.conv if state is not None else xbc.new_zeros(bsz, self.conv_width, k - 1)
+        )  # (B, E + 2N, K-1)
+        window = torch.cat([history, xbc.transpose(1, 2)], dim=-1)  # (B, E + 2N, K-1+T)
+        xbc = F.silu(self.conv(window).transpose(1, 2))  # (B, T, E + 2N)
+        u, b, c = xbc.split([e, n, n], dim=-1)
+        delta = F.softplus(dt.float() + self.dt_bias.float())  # (B, T, H)
         if keep is not None:
             delta = delta * keep[..., None].to(delta.dtype)  # padding: no step, no input
-            u = u * keep[..., None].to(u.dtype)
-        a = -torch.exp(self.a_log.float())  # (E, N)
-        y, h = selective_scan(
-            u.float(), delta.float(), a, b.float(), c.float(), self.d.float(),
-            None if state is None else state.h,
-        )  # fmt: skip
+        a = -torch.exp(self.a_log.float())  # (H,)
+        u = u.float().view(bsz, t, heads, p)  # (B, T, H, P)
+        xs, log_decay = u * delta[..., None], delta * a  # (B, T, H, P), (B, T, H)
+        h = None if state is None else state.h
+        if t == 1 and h is not None:  # decoding: one step of the recurrence
+            y1, h = scan_step(xs[:, 0], log_decay[:, 0], b[:, 0].float(), c[:, 0].float(), h)
+            y = y1[:, None]
+        else:
+            y, h = chunked_scan(xs, log_decay, b.float(), c.float(), h)
+        y = y + self.d.float()[:, None] * u  # (B, T, H, P)
         if layer is not None:
-            layer.state = SSMState(window[..., -(k - 1) :].detach(), h.detach())
-        y = y.to(x.dtype) * F.silu(z)
-        return self.out(y)
+            layer.state = SSMState(window[..., window.shape[-1] - (k - 1) :].detach(), h.detach())
+        y = y.reshape(bsz, t, e).to(x.dtype)
+        return self.out(self.norm(y * F.silu(z)))

@@ -85,8 +85,15 @@ def _variants() -> list[ModelConfig]:
         base.replace(arch="decoder", mixer="linear", attention_every=2),
         base.replace(arch="decoder", bias=False, qkv_bias=True),  # Qwen2's biases
         base.replace(qkv_bias=False),
-        base.replace(arch="decoder", mixer="ssm", bias=False),  # Mamba layers (aiayn/nn/ssm.py)
-        base.replace(arch="decoder", mixer="ssm", attention_every=2, ssm_state=4, ssm_expand=1),
+        base.replace(arch="decoder", mixer="ssm", bias=False, ssm_head_dim=8),  # aiayn/nn/ssm.py
+        base.replace(
+            arch="decoder",
+            mixer="ssm",
+            attention_every=2,
+            ssm_state=4,
+            ssm_expand=1,
+            ssm_head_dim=16,
+        ),
     ]
     return out
 
