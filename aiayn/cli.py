@@ -93,6 +93,53 @@ def cmd_explore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/).  The engine runs
+    in this (main) thread, the HTTP server in another (see Engine.run)."""
+    import threading
+
+    import uvicorn
+
+    from aiayn.device import for_inference
+    from aiayn.serve.app import create_app
+
+    bundle = load_bundle(args.checkpoint)
+    model = for_inference(bundle.model, _device(args))
+    app = create_app(
+        model,
+        bundle.tokenizer,
+        name=args.name or bundle.directory.resolve().parent.name,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        prefill_chunk=args.prefill_chunk,
+        batching=not args.no_batching,
+        start_engine=False,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    )
+    http = threading.Thread(target=server.run, name="aiayn-http", daemon=True)
+    http.start()
+    print(f"serving {bundle.directory} on http://{args.host}:{args.port}/", file=sys.stderr)
+    engine = app.state.engine
+    try:
+        if engine is None:  # translation: requests run on the server's worker threads
+            while http.is_alive():
+                http.join(0.5)
+        else:
+            engine.run()  # until Ctrl-C
+    except KeyboardInterrupt:
+        print("aiayn serve: stopped", file=sys.stderr)
+    finally:
+        server.should_exit = True
+        if engine is not None:
+            engine.stop()
+        http.join(30)
+    return 0
+
+
 def cmd_inspect_attention(args: argparse.Namespace) -> int:
     """Attention maps of a checkpoint or an untrained preset on a piece of text, or of an image
     model on one of its test images."""
@@ -669,6 +716,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_device(p)
     p.set_defaults(func=cmd_explore)
+
+    p = sub.add_parser(
+        "serve", help="an HTTP server: OpenAI-style completions (continuous batching), translation"
+    )
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", default=None, help="the model name in responses (default: run folder)")
+    p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (KV rows)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (429)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: max_len - 1")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: max_len")
+    p.add_argument(
+        "--prefill-chunk", type=int, default=128, help="prompt tokens per step (chunked prefill)"
+    )
+    p.add_argument(
+        "--no-batching", action="store_true", help="one request at a time (for comparisons)"
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info"])
+    _add_device(p)
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

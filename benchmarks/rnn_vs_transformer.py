@@ -12,8 +12,9 @@
   two budgets, fixed as numbers of steps before it trains (no wall-clock stop anywhere):
   equal FLOPs -- the steps whose counted FLOPs (aiayn.inspect.calc.translation_batch_flops
   over the very batches trained on) reach the Transformer's -- and equal wall-clock -- the
-  Transformer's steps times its measured step time over the RNN's, both measured in this
-  run on the same real batches, interleaved.  Every run is resumable; each is scored by
+  Transformer's steps times its measured step time over the RNN's, both measured on the same
+  real batches, interleaved, once (kept in OUT/step_seconds.json, so that a resumed run keeps
+  its budget).  Every run is resumable; each is scored by
   sacreBLEU on test_2016_flickr (beam 4) with its training tokens/s.
 * ``reach``: for the trained models, the gradient of the last prediction's loss with respect
   to the decoder input k positions back (aiayn/evaluate/gradient_reach.py), over the
@@ -221,7 +222,13 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
     tf_flops = sum(
         translation_batch_flops(tf_config, *b) for b in _batches(tf_run, tokenizer, root, tf_steps)
     )
-    seconds = _step_seconds(list(CONFIGS), tokenizer, root)
+    # Measured once and kept: the equal-time budgets must not change when a run resumes.
+    saved = out / "step_seconds.json"
+    if saved.is_file():
+        seconds = json.loads(saved.read_text())
+    else:
+        seconds = _step_seconds(list(CONFIGS), tokenizer, root)
+        saved.write_text(json.dumps(seconds))
     result["step_seconds_same_batches"] = seconds
     result["transformer"] = {"steps": tf_steps, "flops": tf_flops,
                              **_score(out / "transformer", root)}  # fmt: skip

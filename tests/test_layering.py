@@ -11,7 +11,8 @@ The layers, bottom to top (docs/ARCHITECTURE.md explains each):
     5 evaluate              BLEU/chrF, perplexity
     6 train                 the loop, tasks, checkpoints of a run
     7 inspect               figures, calculators, recorded scores
-    8 explore, experiment   the browser explorer; sweeps of training runs (Table 3, scaling)
+    8 explore, experiment,  the browser explorer; sweeps of training runs (Table 3, scaling);
+      serve                 the HTTP generation server
     9 cli                   the command line (and the package's own re-exports)
 
 Every import counts, including those inside functions.
@@ -38,6 +39,7 @@ LAYERS = {
     "inspect": 7,
     "explore": 8,
     "experiment": 8,
+    "serve": 8,
     "cli": 9,
     "__main__": 9,
     "__init__": 9,  # aiayn/__init__.py: the public API re-exports

@@ -80,6 +80,15 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0  # positions seen so far (may exceed the slots when rolling)
 
+    @classmethod
+    def over(cls, k: Tensor, v: Tensor, length: int) -> KVCache:
+        """A growing cache over existing (B, H_kv, S_max, D) buffers whose first ``length``
+        positions are filled; appends write into those buffers (a serving pool's rows:
+        aiayn/serve/slots.py)."""
+        cache = cls.__new__(cls)
+        cache.rolling, cache.k, cache.v, cache.length = False, k, v, length
+        return cache
+
     @property
     def capacity(self) -> int:
         return self.k.shape[2]

@@ -1,0 +1,318 @@
+"""``aiayn serve``: the HTTP face of the engine (aiayn/serve/engine.py), a FastAPI app.
+
+=============================  =================================================================
+``POST /v1/completions``       OpenAI-compatible: prompt, max_tokens, temperature, top_p, top_k,
+                               stop, seed, stream (server-sent events, ending ``data: [DONE]``)
+``POST /v1/translate``         encoder-decoder checkpoints: ``text`` (a string or a list),
+                               ``beam`` (1 = greedy)
+``GET /health``                the model and whether the engine runs
+``GET /metrics``               Prometheus text: requests, tokens, tokens/s, queue depth, running
+                               batch size, cache slots in use
+=============================  =================================================================
+
+Limits, each a clear error ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): a prompt
+over ``max_prompt_tokens`` or one that leaves no room in the model's context, or ``max_tokens``
+over ``max_new_tokens``, is a 400; a full queue is a 429 (``max_batch`` requests run at once,
+``max_queue`` more wait); an engine that is not running is a 503.  A client that disconnects
+-- a closed stream included -- cancels its request, and the engine frees its row at the next
+step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.generate.beam import BeamConfig
+from aiayn.generate.sampling import SamplingConfig
+from aiayn.generate.translate import translate
+from aiayn.models import DecoderLM, EncoderDecoder, TransformerModel
+from aiayn.serve.engine import Engine, EngineStopped, Event, QueueFull
+from aiayn.serve.engine import Request as EngineRequest
+
+EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
+    )
+
+
+class CompletionBody(BaseModel):
+    """OpenAI's completion request (the fields this server uses; others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | list[str]
+    max_tokens: Annotated[int, Field(ge=1)] = 16
+    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+
+
+class TranslateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | list[str]
+    beam: Annotated[int, Field(ge=1, le=16)] = 4
+
+
+def eos_id(tokenizer: Tokenizer) -> int | None:
+    """The end-of-text token of a BPE tokenizer that has one (GPT-2's ``<|endoftext|>``, ...)."""
+    if not isinstance(tokenizer, BPETokenizer):
+        return None
+    for name in EOS_TOKENS:
+        found = tokenizer.tokenizer.token_to_id(name)  # type: ignore[attr-defined]
+        if found is not None:
+            return int(found)
+    return None
+
+
+class _Translator:
+    """Translation requests, each a batch of lines through beam search (or greedy), one batch
+    at a time on a worker thread; at most ``max_queue`` wait."""
+
+    def __init__(self, model: EncoderDecoder, tokenizer: BPETokenizer, max_queue: int) -> None:
+        self.model, self.tokenizer, self.max_queue = model, tokenizer, max_queue
+        self.count, self.busy, self.waiting = threading.Lock(), threading.Lock(), 0
+
+    async def __call__(self, lines: list[str], beam: int) -> list[str]:
+        with self.count:
+            if self.waiting > self.max_queue:
+                raise QueueFull(f"{self.waiting} translations are queued (max_queue)")
+            self.waiting += 1
+        try:
+            config = None if beam == 1 else BeamConfig(beam_size=beam)
+            return await asyncio.to_thread(self._run, lines, config)
+        finally:
+            with self.count:
+                self.waiting -= 1
+
+    def _run(self, lines: list[str], config: BeamConfig | None) -> list[str]:
+        with self.busy, torch.inference_mode():
+            return translate(self.model, self.tokenizer, lines, beam=config)
+
+
+def create_app(
+    model: TransformerModel,
+    tokenizer: Tokenizer,
+    *,
+    name: str = "aiayn",
+    max_batch: int = 16,
+    max_queue: int = 64,
+    max_prompt_tokens: int | None = None,
+    max_new_tokens: int | None = None,
+    prefill_chunk: int = 128,
+    batching: bool = True,
+    start_engine: bool = True,
+) -> FastAPI:
+    """The app serving ``model``.  Its engine (``app.state.engine``; None for translation)
+    starts with the app and stops with it, on a thread of its own -- unless ``start_engine``
+    is False: then the caller runs ``engine.run()`` (``aiayn serve`` does, in the main
+    thread)."""
+    engine: Engine | None = None
+    translator: _Translator | None = None
+    max_len = model.config.max_len
+    if isinstance(model, DecoderLM):
+        engine = Engine(
+            model,
+            tokenizer.decode,
+            max_batch=max_batch,
+            max_queue=max_queue,
+            prefill_chunk=prefill_chunk,
+            eos_id=eos_id(tokenizer),
+            batching=batching,
+        )
+    elif isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer):
+        translator = _Translator(model, tokenizer, max_queue)
+    else:
+        raise ValueError(f"a {type(model).__name__} cannot be served: it does not generate text")
+    prompt_limit = min(max_prompt_tokens or max_len - 1, max_len - 1)
+    new_limit = max_new_tokens or max_len
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if engine is not None and start_engine:
+            engine.start()
+        yield
+        if engine is not None and start_engine:
+            engine.stop()
+
+    app = FastAPI(title="aiayn serve", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.engine = engine
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, err: APIError) -> JSONResponse:
+        return error_response(err.status, err.message, err.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+            for e in err.errors()
+        ]
+        return error_response(400, "; ".join(problems))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        return error_response(err.status_code, str(err.detail))
+
+    @app.exception_handler(QueueFull)
+    async def busy(_: Request, err: QueueFull) -> JSONResponse:
+        return error_response(429, f"the server is busy: {err}", "rate_limit_error")
+
+    @app.exception_handler(EngineStopped)
+    async def stopped(_: Request, err: EngineStopped) -> JSONResponse:
+        return error_response(503, str(err), "server_error")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        running = engine.alive if engine is not None else True
+        return {"status": "ok" if running else "stopped", "model": name,
+                "kind": type(model).__name__, "max_len": max_len}  # fmt: skip
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        lines = []
+
+        def metric(key: str, kind: str, help_: str, value: float) -> None:
+            lines.extend([f"# HELP aiayn_{key} {help_}", f"# TYPE aiayn_{key} {kind}",
+                          f"aiayn_{key} {value:g}"])  # fmt: skip
+
+        if engine is None:
+            return "\n".join(lines) + "\n"
+        g, s = engine.gauges(), engine.stats
+        metric("requests_total", "counter", "Completion requests accepted.", s["requests"])
+        for reason in ("stop", "length", "cancelled", "error"):
+            metric(f"requests_finished_{reason}_total", "counter",
+                   f"Requests finished with reason {reason}.", s[f"finished_{reason}"])  # fmt: skip
+        metric("tokens_generated_total", "counter", "Tokens generated.", s["tokens"])
+        metric("tokens_per_second", "gauge", "Tokens generated per second, last 10 s.",
+               g["tokens_per_second"])  # fmt: skip
+        metric("queue_depth", "gauge", "Requests waiting for a row.", g["queue_depth"])
+        metric("running_batch_size", "gauge", "Requests decoding together.", g["running"])
+        metric("cache_slots_in_use", "gauge", "KV-cache rows held by requests.", g["slots_in_use"])
+        metric("cache_slots_total", "gauge", "KV-cache rows in the pool.", g["slots_total"])
+        return "\n".join(lines) + "\n"
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionBody, http: Request) -> Any:
+        if engine is None:
+            raise APIError(400, f"{name} is an encoder-decoder: use POST /v1/translate")
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if len(prompts) != 1:
+            raise APIError(400, f"prompt: give one prompt per request (got {len(prompts)})")
+        ids = tokenizer.encode(prompts[0])
+        if not ids:
+            raise APIError(400, "prompt: empty (it must have at least one token)")
+        if len(ids) > prompt_limit:
+            raise APIError(400, f"prompt: {len(ids)} tokens; this server takes at most"
+                                f" {prompt_limit} (max_prompt_tokens, model max_len={max_len})")  # fmt: skip
+        if body.max_tokens > new_limit:
+            raise APIError(400, f"max_tokens={body.max_tokens}: at most {new_limit}")
+        if len(ids) + body.max_tokens > max_len:
+            raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({body.max_tokens})"
+                                f" exceed the model's context of {max_len} tokens")  # fmt: skip
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise APIError(400, "stop: up to 4 non-empty strings")
+        sampling = SamplingConfig(temperature=body.temperature,
+                                  top_p=None if body.top_p >= 1.0 else body.top_p,
+                                  top_k=body.top_k)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        request = EngineRequest(ids, body.max_tokens, sampling, body.seed, stops, emit)
+        engine.submit(request)
+        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        head = {"id": rid, "object": "text_completion", "created": created, "model": name}
+
+        def usage() -> dict[str, int]:
+            return {"prompt_tokens": len(ids), "completion_tokens": len(request.tokens),
+                    "total_tokens": len(ids) + len(request.tokens)}  # fmt: skip
+
+        if body.stream:
+
+            async def sse() -> AsyncIterator[str]:
+                try:
+                    while True:
+                        event = await events.get()
+                        if event.kind == "error":
+                            yield f"data: {json.dumps({'error': {'message': event.text}})}\n\n"
+                            break
+                        done = event.kind == "done"
+                        if event.kind == "token" and not event.text:
+                            continue
+                        choice = {"text": event.text, "index": 0, "logprobs": None,
+                                  "finish_reason": event.finish_reason if done else None}  # fmt: skip
+                        yield f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
+                        if done:
+                            yield "data: [DONE]\n\n"
+                            break
+                finally:
+                    request.cancel()  # a no-op once finished; frees the row if the client left
+
+            return StreamingResponse(sse(), media_type="text/event-stream")
+
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), timeout=0.5)
+                except TimeoutError:
+                    if await http.is_disconnected():
+                        request.cancel()
+                        raise APIError(499, "client closed the request") from None
+                    continue
+                if event.kind == "error":
+                    raise APIError(500, event.text, "server_error")
+                if event.kind == "done":
+                    break
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+        choice = {"text": request.text, "index": 0, "logprobs": None,
+                  "finish_reason": request.finish_reason}  # fmt: skip
+        return {**head, "choices": [choice], "usage": usage()}
+
+    @app.post("/v1/translate")
+    async def translate_endpoint(body: TranslateBody) -> dict[str, Any]:
+        if translator is None:
+            raise APIError(400, f"{name} is a language model: use POST /v1/completions")
+        lines = [body.text] if isinstance(body.text, str) else body.text
+        if not 1 <= len(lines) <= max_batch * 4:
+            raise APIError(400, f"text: 1 to {max_batch * 4} lines per request")
+        try:
+            out = await translator(lines, body.beam)
+        except ValueError as err:  # a line over the model's length
+            raise APIError(400, str(err)) from err
+        return {"model": name, "translations": out if isinstance(body.text, list) else out[0]}
+
+    return app

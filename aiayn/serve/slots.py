@@ -1,0 +1,152 @@
+"""The KV cache as a pool of slots, for continuous batching.
+
+A server decodes many sequences at once, and they start and finish at different steps.  The
+pool preallocates keys and values for ``slots`` sequences of up to ``capacity`` tokens per
+layer, one row per sequence, each row filled from position 0 (no padding inside a row).  A
+request takes a free row when it starts and gives it back the moment it finishes, so memory
+is never held by a finished request.
+
+Two views of the pool feed the model's ordinary forward pass (nothing in the model knows it
+is serving):
+
+* :meth:`SlotPool.row_cache` -- one row as an ordinary :class:`~aiayn.nn.cache.Cache` of batch
+  1, for a request's prefill, chunk by chunk: the keys are written straight into the row.
+* :class:`BatchCache` -- the first ``n`` rows together, for one decoding step of every running
+  request: each row appends its new token at its own length (rows differ), attention reads the
+  rows up to the longest, and a key mask hides each row's positions past its own length (no
+  mask when the rows are of one length, a lone row included).
+
+Running rows are kept at the front (rows 0 .. n-1), so a decoding step reads a view of the
+pool, never a copy: when a request finishes, the last running row moves into its place
+(:meth:`SlotPool.move`), one copy of that row per finished request.
+
+Shapes: R rows (slots), H_kv key/value heads, S_max capacity, D head size, n running rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from aiayn.models import DecoderLM
+from aiayn.nn.cache import Cache, KVCache, LayerCache
+
+
+def check_servable(model: DecoderLM) -> None:
+    """The pool serves decoder-only models whose every layer keeps keys and values in full."""
+    c = model.config
+    if c.sliding_window is not None:
+        raise ValueError(
+            f"sliding_window={c.sliding_window}: the serving pool keeps full rows; serve a"
+            " model without a window, or use `aiayn generate`"
+        )
+    recurrent = [i for i in range(c.n_layers) if c.mixer_at(i) != "attention"]
+    if recurrent:
+        raise ValueError(
+            f"mixer={c.mixer!r}: layers {recurrent} keep a recurrent state, which the serving"
+            " pool does not hold yet; use `aiayn generate`"
+        )
+
+
+class SlotPool:
+    """Keys and values for ``slots`` sequences of up to ``capacity`` tokens (module docstring)."""
+
+    def __init__(self, model: DecoderLM, slots: int, capacity: int | None = None) -> None:
+        check_servable(model)
+        c = model.config
+        capacity = c.max_len if capacity is None else capacity
+        if slots < 1 or not 1 <= capacity <= c.max_len:
+            raise ValueError(
+                f"a pool needs slots >= 1 (got {slots}) and 1 <= capacity <= max_len={c.max_len}"
+                f" (got {capacity})"
+            )
+        p = next(model.parameters())
+        shape = (slots, c.kv_heads, capacity, c.head_dim)  # (R, H_kv, S_max, D)
+        self.k = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(c.n_layers)]
+        self.v = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(c.n_layers)]
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=p.device)  # (R,) tokens held
+        self.slots, self.capacity = slots, capacity
+
+    def row_cache(self, row: int) -> Cache:
+        """Row ``row`` as a batch-1 cache continuing at its length; appends land in the pool.
+        Keep the returned object across a prefill's chunks (it remembers key positions)."""
+        length = int(self.lengths[row])
+        layers = [
+            LayerCache(KVCache.over(k[row : row + 1], v[row : row + 1], length))
+            for k, v in zip(self.k, self.v, strict=True)
+        ]
+        cache = Cache(layers)
+        cache.seen = length
+        return cache
+
+    def batch_cache(self, n: int) -> BatchCache:
+        """Rows 0 .. n-1 for one decoding step (one new token each)."""
+        return BatchCache(self, n)
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy row ``src`` (its filled positions) into row ``dst``."""
+        length = int(self.lengths[src])
+        for buf in (*self.k, *self.v):
+            buf[dst, :, :length] = buf[src, :, :length]
+        self.lengths[dst] = length
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+
+class _RowsKV(KVCache):
+    """One layer's keys and values of rows 0 .. n-1: each row appends at its own length."""
+
+    def __init__(self, k: Tensor, v: Tensor, write: Tensor, read: int, even: bool) -> None:
+        self.rolling, self.k, self.v, self.length = False, k, v, read - 1
+        self.write, self.read = write, read  # (n,) positions to write; keys to return
+        self.even = even  # every row writes at read - 1
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """(n, H_kv, 1, D) new keys/values -> the (n, H_kv, S, D) rows to attend over."""
+        if self.even:  # one slice for all rows
+            self.k[:, :, self.read - 1 : self.read] = k
+            self.v[:, :, self.read - 1 : self.read] = v
+        else:
+            rows = torch.arange(k.shape[0], device=k.device)
+            self.k[rows, :, self.write] = k[:, :, 0]
+            self.v[rows, :, self.write] = v[:, :, 0]
+        return self.k[:, :, : self.read], self.v[:, :, : self.read]
+
+
+class BatchCache(Cache):
+    """Rows 0 .. n-1 of a :class:`SlotPool` as the cache of one decoding step: the model's
+    forward pass on (n, 1) ids appends each row's token at that row's length, and every row
+    attends to its own positions only (a key mask over the longest row's length)."""
+
+    def __init__(self, pool: SlotPool, n: int) -> None:
+        if not 1 <= n <= pool.slots:
+            raise ValueError(f"{n} running rows: the pool has {pool.slots}")
+        self.pool, self.n = pool, n
+        self.write = pool.lengths[:n].clone()  # (n,) where each row's new token goes
+        longest = int(self.write.max())
+        if longest >= pool.capacity:
+            raise ValueError(f"a row is full: {longest} tokens in a pool of {pool.capacity}")
+        read = longest + 1
+        self.even = bool((self.write == longest).all())  # rows of one length: no key mask
+        super().__init__(
+            [
+                LayerCache(_RowsKV(k[:n], v[:n], self.write, read, self.even))
+                for k, v in zip(pool.k, pool.v, strict=True)
+            ]
+        )
+        self.read = read
+        self.seen = longest  # the model checks seen + 1 <= max_len
+
+    def advance(
+        self, t: int, keep: Tensor | None, device: torch.device
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Positions and key mask of the step: row i's token sits at position write[i] and
+        sees keys 0 .. write[i]."""
+        if t != 1 or keep is not None:
+            raise ValueError("a batch of pool rows decodes one real token per row and step")
+        keys = torch.arange(self.read, device=device)  # (S,)
+        key_mask = None if self.even else keys[None] <= self.write[:, None]  # (n, S)
+        self.pool.lengths[: self.n] += 1
+        self.seen += 1
+        return key_mask, self.write[:, None], keys[None]

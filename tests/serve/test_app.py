@@ -1,0 +1,265 @@
+"""The HTTP server: OpenAI-compatible completions (checked with the real `openai` client),
+streaming, translation, limits and errors, metrics, and cancellation over a real socket."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx2 as httpx
+import openai
+import pytest
+import torch
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+import aiayn
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer
+from aiayn.generate import SamplingConfig, generate
+from aiayn.generate.beam import BeamConfig
+from aiayn.generate.translate import translate
+from aiayn.models import DecoderLM, EncoderDecoder
+from aiayn.serve.app import create_app
+from aiayn.serve.engine import QueueFull
+
+TEXT = "the quick brown fox jumps over the lazy dog. "
+GREEDY = SamplingConfig(temperature=0)
+
+
+def lm_and_tokenizer(max_len: int = 96) -> tuple[DecoderLM, CharTokenizer]:
+    tok = CharTokenizer.from_text(TEXT)
+    torch.manual_seed(0)
+    m = aiayn.build_model("gpt2-small", n_layers=2, d_model=32, n_heads=4, d_ff=64,
+                          vocab_size=tok.vocab_size, max_len=max_len, dropout=0.0)  # fmt: skip
+    assert isinstance(m, DecoderLM)
+    return m.eval(), tok
+
+
+def offline(m: DecoderLM, tok: CharTokenizer, prompt: str, n: int) -> str:
+    return tok.decode(generate(m, [tok.encode(prompt)], max_new_tokens=n, sampling=GREEDY)[0])
+
+
+@contextmanager
+def client(**kw: object) -> Iterator[tuple[TestClient, DecoderLM, CharTokenizer]]:
+    m, tok = lm_and_tokenizer()
+    with TestClient(create_app(m, tok, name="tiny", **kw)) as c:  # type: ignore[arg-type]
+        yield c, m, tok
+
+
+@contextmanager
+def served(app: FastAPI) -> Iterator[str]:
+    """``app`` on a real socket (a free port on 127.0.0.1), in a thread."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def metrics(text: str) -> dict[str, float]:
+    return {m[1]: float(m[2]) for m in re.finditer(r"^aiayn_(\w+) (\S+)$", text, re.M)}
+
+
+def test_completion_equals_offline_generate_and_streams_the_same_text() -> None:
+    with client() as (c, m, tok):
+        body = {"model": "tiny", "prompt": "the lazy", "max_tokens": 20, "temperature": 0}
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["object"] == "text_completion" and got["model"] == "tiny"
+        assert got["choices"][0]["text"] == offline(m, tok, "the lazy", 20)
+        assert got["choices"][0]["finish_reason"] == "length"
+        assert got["usage"] == {"prompt_tokens": 8, "completion_tokens": 20, "total_tokens": 28}
+        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+            assert s.headers["content-type"].startswith("text/event-stream")
+            lines = [line for line in s.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+        assert "".join(ch["choices"][0]["text"] for ch in chunks) == got["choices"][0]["text"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert all(ch["choices"][0]["finish_reason"] is None for ch in chunks[:-1])
+
+
+def test_stop_and_seed() -> None:
+    with client() as (c, m, tok):
+        full = offline(m, tok, "a", 30)
+        stop = full[5:8]
+        r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 30, "temperature": 0,
+                                            "stop": stop}).json()  # fmt: skip
+        assert r["choices"][0] == {"text": full[: full.find(stop)], "index": 0,
+                                   "logprobs": None, "finish_reason": "stop"}  # fmt: skip
+        body = {"prompt": "a", "max_tokens": 15, "temperature": 0.9, "top_k": 4, "seed": 3}
+        first, second = (c.post("/v1/completions", json=body).json() for _ in range(2))
+        want = generate(m, [tok.encode("a")], max_new_tokens=15, seed=3,
+                        sampling=SamplingConfig(temperature=0.9, top_k=4))[0]  # fmt: skip
+        assert first["choices"][0]["text"] == second["choices"][0]["text"] == tok.decode(want)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"prompt": "a" * 96, "max_tokens": 1}, 400, "96 tokens; this server takes at most 95"),
+        ({"prompt": "a" * 90, "max_tokens": 10}, 400, "exceed the model's context of 96"),
+        ({"prompt": "a", "max_tokens": 97}, 400, "max_tokens=97: at most 96"),
+        ({"prompt": "", "max_tokens": 1}, 400, "prompt: empty"),
+        ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
+        ({"prompt": "a", "temperature": -1}, 400, "temperature"),
+        ({"prompt": "a", "top_p": 0}, 400, "top_p"),
+        ({"prompt": "a", "stop": [""]}, 400, "stop"),
+        ({"max_tokens": 1}, 400, "prompt"),
+    ],
+)
+def test_bad_requests_get_a_clear_400(body: dict, status: int, message: str) -> None:
+    with client() as (c, _, _):
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == status
+        assert message in r.json()["error"]["message"]
+
+
+def test_limits_busy_and_stopped() -> None:
+    with client(max_prompt_tokens=10, max_new_tokens=5) as (c, _, _):
+        r = c.post("/v1/completions", json={"prompt": "a" * 11})
+        assert r.status_code == 400 and "at most 10" in r.json()["error"]["message"]
+        r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 6})
+        assert r.status_code == 400 and "at most 5" in r.json()["error"]["message"]
+        engine = c.app.state.engine  # type: ignore[attr-defined]
+        submit = engine.submit
+        engine.submit = lambda request: (_ for _ in ()).throw(QueueFull("3 are waiting"))
+        r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert r.status_code == 429 and "busy" in r.json()["error"]["message"]
+        engine.submit = submit
+        engine.stop()
+        r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert r.status_code == 503 and "not running" in r.json()["error"]["message"]
+        assert c.get("/health").json()["status"] == "stopped"
+
+
+def test_health_and_metrics_count_what_happened() -> None:
+    with client(max_batch=4) as (c, _, _):
+        assert c.get("/health").json() == {"status": "ok", "model": "tiny", "kind": "DecoderLM",
+                                           "max_len": 96}  # fmt: skip
+        for n in (3, 4):
+            c.post("/v1/completions", json={"prompt": "a", "max_tokens": n, "temperature": 0})
+        r = c.get("/metrics")
+        assert r.headers["content-type"].startswith("text/plain")
+        got = metrics(r.text)
+        assert got["requests_total"] == 2 and got["tokens_generated_total"] == 7
+        assert got["requests_finished_length_total"] == 2
+        assert got["cache_slots_total"] == 4 and got["cache_slots_in_use"] == 0
+        assert got["queue_depth"] == 0 and got["running_batch_size"] == 0
+        assert got["tokens_per_second"] > 0
+        assert "# TYPE aiayn_requests_total counter" in r.text
+
+
+def test_the_openai_client_with_eight_concurrent_requests_and_a_cancelled_stream() -> None:
+    m, tok = lm_and_tokenizer()
+    app = create_app(m, tok, name="tiny", max_batch=4)
+    prompts = [TEXT[i : i + 1 + 3 * i] for i in range(8)]
+    with served(app) as url:
+        api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+        def complete(i: int) -> str:
+            r = api.completions.create(model="tiny", prompt=prompts[i], max_tokens=5 + 3 * i,
+                                       temperature=0)  # fmt: skip
+            return r.choices[0].text
+
+        with ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(complete, range(8)))
+        for i, text in enumerate(texts):
+            assert text == offline(m, tok, prompts[i], 5 + 3 * i), i
+
+        stream = api.completions.create(model="tiny", prompt="the", max_tokens=12,
+                                        temperature=0, stream=True)  # fmt: skip
+        streamed = "".join(chunk.choices[0].text for chunk in stream)
+        assert streamed == offline(m, tok, "the", 12)
+
+        with pytest.raises(openai.BadRequestError, match="at most"):
+            api.completions.create(model="tiny", prompt="a", max_tokens=500)
+
+        # A client that leaves mid-stream: its row is freed, and the count says cancelled.
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
+                          json={"prompt": "a", "max_tokens": 90, "stream": True}) as s:  # fmt: skip
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    break
+        deadline = time.monotonic() + 30
+        while True:
+            got = metrics(httpx.get(f"{url}/metrics").text)
+            if got["requests_finished_cancelled_total"] == 1:
+                break
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+        assert got["cache_slots_in_use"] == 0 and got["tokens_generated_total"] < 8 * 26 + 12 + 90
+
+
+def test_translation_endpoint_equals_translate() -> None:
+    lines = ["ein hund läuft", "zwei katzen schlafen", "ein mann liest", "der hund schläft"]
+    tok = BPETokenizer.from_lines(lines * 4, vocab_size=300)
+    torch.manual_seed(0)
+    m = aiayn.build_model("paper-base", n_layers=1, d_model=32, n_heads=4, d_ff=64,
+                          vocab_size=tok.vocab_size, max_len=32, dropout=0.0)  # fmt: skip
+    assert isinstance(m, EncoderDecoder)
+    with TestClient(create_app(m.eval(), tok, name="mt")) as c:
+        r = c.post("/v1/translate", json={"text": lines[:2], "beam": 3})
+        assert r.status_code == 200, r.text
+        assert r.json()["translations"] == translate(m, tok, lines[:2], beam=BeamConfig(3))
+        r = c.post("/v1/translate", json={"text": lines[2], "beam": 1})
+        assert r.json()["translations"] == translate(m, tok, [lines[2]], beam=None)[0]
+        r = c.post("/v1/completions", json={"prompt": "a"})
+        assert r.status_code == 400 and "/v1/translate" in r.json()["error"]["message"]
+        r = c.post("/v1/translate", json={"text": "ein " * 40})
+        assert r.status_code == 400 and "at most 32" in r.json()["error"]["message"]
+
+
+def test_the_serve_command_serves_a_checkpoint_and_stops_on_ctrl_c(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`aiayn serve` in a process of its own: health, an exact completion, metrics, and a
+    clean exit on SIGINT."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from aiayn.checkpoint import save
+    from aiayn.checkpoint.bundle import TOKENIZER_FILE
+
+    m, tok = lm_and_tokenizer()
+    save(m, tmp_path / "run" / "checkpoint")
+    tok.save(tmp_path / "run" / "checkpoint" / TOKENIZER_FILE)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(tmp_path / "run" / "checkpoint"),
+           "--port", str(port), "--max-batch", "2", "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(f"{url}/health", timeout=1).json()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
+                time.sleep(0.1)
+        assert health["model"] == "run" and health["status"] == "ok"
+        body = {"prompt": "the", "max_tokens": 6, "temperature": 0}
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert r.json()["choices"][0]["text"] == offline(m, tok, "the", 6)
+        assert metrics(httpx.get(f"{url}/metrics").text)["cache_slots_total"] == 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0

@@ -1,0 +1,217 @@
+"""The engine: continuous batching gives every request what `generate` gives it alone;
+stop strings, cancellation, failures and limits behave."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import aiayn
+from aiayn.generate import SamplingConfig, generate
+from aiayn.models import DecoderLM
+from aiayn.serve.engine import Engine, Event, QueueFull, Request
+
+SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=26, max_len=64, dropout=0.0)
+GREEDY = SamplingConfig(temperature=0)
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(chr(ord("a") + i) for i in ids)
+
+
+def lm() -> DecoderLM:
+    torch.manual_seed(0)
+    m = aiayn.build_model("gpt2-small", **SMALL)
+    assert isinstance(m, DecoderLM)
+    return m.eval()
+
+
+class Collector:
+    """Gathers each request's events; ``wait`` until every request has finished."""
+
+    def __init__(self) -> None:
+        self.events: dict[int, list[Event]] = {}
+        self.done = threading.Condition()
+
+    def sink(self, key: int) -> Callable[[Event], None]:
+        self.events[key] = []
+
+        def emit(event: Event) -> None:
+            with self.done:
+                self.events[key].append(event)
+                self.done.notify_all()
+
+        return emit
+
+    def finished(self, key: int) -> bool:
+        return any(e.kind != "token" for e in self.events[key])
+
+    def wait(self, timeout: float = 60.0) -> None:
+        with self.done:
+            assert self.done.wait_for(lambda: all(map(self.finished, self.events)), timeout)
+
+    def text(self, key: int) -> str:
+        return "".join(e.text for e in self.events[key] if e.kind == "token")
+
+
+def prompts(n: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 30, (n,), generator=g).tolist()
+    return [torch.randint(0, 26, (k,), generator=g).tolist() for k in lengths]
+
+
+@pytest.mark.parametrize("max_batch", [3, 8])
+def test_eight_concurrent_greedy_requests_equal_offline_generate(max_batch: int) -> None:
+    """Rows join and leave the batch at different steps (lengths 1-29, 4-19 new tokens,
+    prompts prefilled in chunks of 7), and each request still gets the offline tokens."""
+    m = lm()
+    engine = Engine(m, decode, max_batch=max_batch, prefill_chunk=7).start()
+    got = Collector()
+    ps = prompts(8)
+    requests = [Request(p, 4 + 2 * i, GREEDY, emit=got.sink(i)) for i, p in enumerate(ps)]
+    for r in requests:
+        engine.submit(r)
+    got.wait()
+    engine.stop()
+    for i, (p, r) in enumerate(zip(ps, requests, strict=True)):
+        want = generate(m, [p], max_new_tokens=4 + 2 * i, sampling=GREEDY)[0]
+        assert r.tokens == want, i
+        assert got.text(i) == decode(want) and r.finish_reason == "length"
+    assert engine.stats["finished_length"] == 8 and len(engine.free_rows) == max_batch
+
+
+def test_sampling_with_a_seed_equals_offline_generate_whatever_the_batch() -> None:
+    m = lm()
+    engine = Engine(m, decode, max_batch=4).start()
+    got = Collector()
+    ps = prompts(4, seed=2)
+    settings = [SamplingConfig(temperature=0.9, top_k=5), SamplingConfig(top_p=0.8),
+                SamplingConfig(temperature=1.2, repetition_penalty=1.3), GREEDY]  # fmt: skip
+    requests = [Request(p, 10, s, seed=7 + i, emit=got.sink(i))
+                for i, (p, s) in enumerate(zip(ps, settings, strict=True))]  # fmt: skip
+    for r in requests:
+        engine.submit(r)
+    got.wait()
+    engine.stop()
+    for i, r in enumerate(requests):
+        want = generate(m, [ps[i]], max_new_tokens=10, sampling=settings[i], seed=7 + i)[0]
+        assert r.tokens == want, i
+
+
+def test_stop_strings_end_the_text_before_them_and_are_never_streamed() -> None:
+    m = lm()
+    p = prompts(1, seed=3)[0]
+    full = decode(generate(m, [p], max_new_tokens=30, sampling=GREEDY)[0])
+    stop = full[10:13]  # a string the model will produce
+    engine = Engine(m, decode).start()
+    got = Collector()
+    r = Request(p, 30, GREEDY, stop=[stop, "never"], emit=got.sink(0))
+    engine.submit(r)
+    got.wait()
+    engine.stop()
+    assert r.finish_reason == "stop"
+    assert got.text(0) == r.text == full[: full.find(stop)]
+    assert stop not in got.text(0)
+
+
+def test_a_cancelled_request_frees_its_row_and_the_others_go_on() -> None:
+    m = lm()
+    engine = Engine(m, decode, max_batch=2).start()
+    got = Collector()
+    gate = threading.Event()
+    first = Request([1, 2, 3], 50, GREEDY, emit=got.sink(0))
+
+    def slow(event: Event) -> None:  # the second request cancels itself after 3 tokens
+        got_sink(event)
+        if event.kind == "token" and len(second.tokens) == 3:
+            second.cancel()
+            gate.set()
+
+    got_sink = got.sink(1)
+    second = Request([4, 5], 50, GREEDY, emit=slow)
+    engine.submit(first)
+    engine.submit(second)
+    assert gate.wait(30)
+    third = Request([6], 5, GREEDY, emit=got.sink(2))  # takes the freed row
+    engine.submit(third)
+    got.wait()
+    engine.stop()
+    assert second.finish_reason == "cancelled" and len(second.tokens) <= 4
+    assert first.finish_reason == "length" and len(first.tokens) == 50
+    assert third.tokens == generate(m, [[6]], max_new_tokens=5, sampling=GREEDY)[0]
+    assert first.tokens == generate(m, [[1, 2, 3]], max_new_tokens=50, sampling=GREEDY)[0]
+
+
+def test_the_engine_survives_requests_that_raise() -> None:
+    m = lm()
+    engine = Engine(m, decode, max_batch=4).start()
+    got = Collector()
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("the client's callback broke")
+
+    bad_ids = Request([3, 99], 5, GREEDY, emit=got.sink(0))  # 99 is outside the vocabulary
+    raising = Request([1, 2], 5, GREEDY, emit=broken)
+    good = Request([1, 2], 5, GREEDY, emit=got.sink(2))
+    for r in (bad_ids, raising, good):
+        engine.submit(r)
+    got.wait()
+    assert got.events[0][-1].kind == "error" and "99" in got.events[0][-1].text
+    assert raising.finish_reason == "error"
+    assert good.tokens == generate(m, [[1, 2]], max_new_tokens=5, sampling=GREEDY)[0]
+    assert engine.alive and len(engine.free_rows) == 4
+    engine.stop()
+
+
+def test_a_long_prefill_does_not_stall_running_requests() -> None:
+    """A 60-token prompt is read 4 tokens per step: the running request keeps getting a token
+    every step meanwhile."""
+    m = lm()
+    engine = Engine(m, decode, max_batch=2, prefill_chunk=4)
+    order: list[str] = []
+    started = threading.Event()
+
+    def run(event: Event) -> None:
+        order.append("run")
+        if len(order) == 2:
+            started.set()
+
+    running = Request([1], 40, GREEDY, emit=run)
+    long = Request(
+        list(range(26)) * 2 + list(range(8)), 3, GREEDY, emit=lambda e: order.append("long")
+    )
+    engine.submit(running)
+    engine.start()
+    assert started.wait(30)
+    engine.submit(long)
+    got = Collector()
+    last = Request([2], 1, GREEDY, emit=got.sink(0))
+    engine.submit(last)
+    got.wait()
+    engine.stop()
+    assert long.finish_reason == "length"
+    between = order[order.index("run", 1) + 1 : order.index("long")].count("run")
+    assert between >= 60 // 4 - 1  # a running token for every prefill chunk
+
+
+def test_a_full_queue_is_refused() -> None:
+    """One row, busy (its request's callback blocks the engine), one waiting: the next is a
+    QueueFull."""
+    m = lm()
+    engine = Engine(m, decode, max_batch=1, max_queue=1).start()
+    release, busy = threading.Event(), threading.Event()
+
+    def block(event: Event) -> None:
+        busy.set()
+        release.wait(30)
+
+    engine.submit(Request([1], 2, GREEDY, emit=block))
+    assert busy.wait(30)
+    engine.submit(Request([1], 1))  # waits for the row
+    with pytest.raises(QueueFull, match="max_queue=1"):
+        engine.submit(Request([1], 1))
+    release.set()
+    engine.stop()
