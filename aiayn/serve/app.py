@@ -86,7 +86,7 @@ def eos_id(tokenizer: Tokenizer) -> int | None:
     if not isinstance(tokenizer, BPETokenizer):
         return None
     for name in EOS_TOKENS:
-        found = tokenizer.tokenizer.token_to_id(name)  # type: ignore[attr-defined]
+        found = tokenizer.tok.token_to_id(name)
         if found is not None:
             return int(found)
     return None

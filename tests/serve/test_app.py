@@ -263,3 +263,37 @@ def test_the_serve_command_serves_a_checkpoint_and_stops_on_ctrl_c(tmp_path) -> 
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
+
+
+def test_a_bpe_checkpoint_stops_at_its_end_of_text_token() -> None:
+    """The tokenizer's `</s>` is the EOS: generation stops there (finish_reason "stop") and
+    the EOS is not part of the text."""
+    from aiayn.serve.app import eos_id
+
+    tok = BPETokenizer.from_lines([TEXT] * 8, vocab_size=300)
+    eos = eos_id(tok)
+    assert eos == tok.tok.token_to_id("</s>")
+    torch.manual_seed(0)
+    m = aiayn.build_model("gpt2-small", n_layers=1, d_model=32, n_heads=4, d_ff=64,
+                          vocab_size=tok.vocab_size, max_len=64, dropout=0.0)  # fmt: skip
+    assert isinstance(m, DecoderLM)
+    m.eval()
+    prompt = tok.encode("the quick")
+    plain = generate(m, [prompt], max_new_tokens=6, sampling=GREEDY)[0]
+    second = plain[1]
+    assert eos not in prompt + plain and second not in prompt + plain[:1]
+    body = {"prompt": "the quick", "max_tokens": 6, "temperature": 0}
+    with TestClient(create_app(m, tok, name="bpe")) as c:
+        r = c.post("/v1/completions", json=body).json()
+        assert r["choices"][0]["finish_reason"] == "length"
+        assert r["choices"][0]["text"] == tok.decode(plain)
+    # Relabel: the token generated second and </s> swap ids (their rows of the tied table),
+    # so the same model now emits </s> second.
+    with torch.no_grad():
+        rows = m.embed.token.weight
+        rows[[second, eos]] = rows[[eos, second]]
+    with TestClient(create_app(m, tok, name="bpe")) as c:
+        r = c.post("/v1/completions", json=body).json()
+        assert r["choices"][0]["finish_reason"] == "stop"
+        assert r["choices"][0]["text"] == tok.decode(plain[:1])
+        assert r["usage"]["completion_tokens"] == 2
