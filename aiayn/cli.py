@@ -16,7 +16,8 @@ from aiayn.data.files import data_dir
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
-from aiayn.models import DecoderLM, EncoderDecoder, build_model
+from aiayn.interop.hf_folder import load_checkpoint
+from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, build_model
 from aiayn.train.loop import FitResult
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo_de_en.toml"
@@ -103,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from aiayn.device import for_inference
     from aiayn.serve.app import create_app
 
-    bundle = load_bundle(args.checkpoint)
+    bundle = load_checkpoint(args.checkpoint)
     model = for_inference(bundle.model, _device(args))
     app = create_app(
         model,
@@ -137,6 +138,63 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if engine is not None:
             engine.stop()
         http.join(30)
+    return 0
+
+
+def _load_encoder(path: str, device: torch.device) -> tuple[EncoderLM, Tokenizer]:
+    from aiayn.device import for_inference
+
+    bundle = load_checkpoint(path)
+    if not isinstance(bundle.model, EncoderLM):
+        raise ValueError(f"{path} holds a {type(bundle.model).__name__}, not an encoder (BERT)")
+    return for_inference(bundle.model, device), bundle.tokenizer
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    """Sentence embeddings of lines (stdin or --file) to .npy or JSON lines."""
+    import json
+
+    import numpy as np
+
+    from aiayn.generate.encoder import sentence_embeddings
+
+    model, tokenizer = _load_encoder(args.checkpoint, _device(args))
+    source = Path(args.file).read_text(encoding="utf-8") if args.file else sys.stdin.read()
+    lines = source.splitlines()
+    vectors = sentence_embeddings(
+        model, tokenizer, lines, batch_size=args.batch_size, truncate=args.truncate
+    ).numpy()
+    if args.out and args.out.endswith(".npy"):
+        np.save(args.out, vectors)
+        print(f"wrote {len(lines)} embeddings of {vectors.shape[1]} to {args.out}", file=sys.stderr)
+        return 0
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    try:
+        for line, v in zip(lines, vectors, strict=True):
+            out.write(
+                json.dumps({"text": line, "embedding": [round(float(x), 7) for x in v]}) + "\n"
+            )
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def cmd_fill_mask(args: argparse.Namespace) -> int:
+    """The likeliest tokens at each [MASK] of a text."""
+    import json
+
+    from aiayn.generate.encoder import fill_mask
+
+    model, tokenizer = _load_encoder(args.checkpoint, _device(args))
+    guesses = fill_mask(model, tokenizer, args.text, top_k=args.top_k)
+    if args.json:
+        print(json.dumps([[g.__dict__ for g in mask] for mask in guesses]))
+        return 0
+    for n, mask in enumerate(guesses, 1):
+        print(f"mask {n}:")
+        for g in mask:
+            print(f"  {g.score:7.4f}  {g.token}")
     return 0
 
 
@@ -312,8 +370,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not args.checkpoint:
         raise ValueError("--to-hf needs --checkpoint (the aiayn checkpoint to export)")
     bundle = load_bundle(args.checkpoint)
-    if not isinstance(bundle.model, DecoderLM):
-        raise ValueError(f"{args.checkpoint}: only decoder-only models export to HF folders")
+    if not isinstance(bundle.model, DecoderLM | EncoderLM):
+        raise ValueError(
+            f"{args.checkpoint}: decoder-only models and BERT encoders export to HF folders"
+        )
     tok = bundle.tokenizer if isinstance(bundle.tokenizer, BPETokenizer) else None
     path = save_hf_folder(bundle.model, args.out, args.to_hf, tokenizer=tok)
     print(f"wrote the Hugging Face folder {path}")
@@ -357,7 +417,7 @@ def _load_translator(
 ) -> tuple[EncoderDecoder, BPETokenizer]:
     from aiayn.device import for_inference
 
-    bundle = load_bundle(path)
+    bundle = load_checkpoint(path)
     model, tokenizer = bundle.model, bundle.tokenizer
     if device is not None:
         for_inference(model, device)
@@ -403,7 +463,7 @@ def cmd_average(args: argparse.Namespace) -> int:
 def _load_lm(path: str, device: torch.device | None = None) -> tuple[DecoderLM, Tokenizer]:
     from aiayn.device import for_inference
 
-    bundle = load_bundle(path)
+    bundle = load_checkpoint(path)
     model, tokenizer = bundle.model, bundle.tokenizer
     if device is not None:
         for_inference(model, device)
@@ -455,7 +515,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aiayn.device import for_inference
     from aiayn.evaluate.perplexity import evaluate_lm
 
-    bundle = load_bundle(args.checkpoint)
+    bundle = load_checkpoint(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
     for_inference(model, _device(args))
     data = bundle.run.get("data", {})
@@ -716,6 +776,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_device(p)
     p.set_defaults(func=cmd_explore)
+
+    p = sub.add_parser("embed", help="sentence embeddings from an encoder (BERT): mean-pooled")
+    p.add_argument("--checkpoint", required=True, help="an aiayn or Hugging Face BERT folder")
+    p.add_argument("--file", default=None, help="one text per line (default: stdin)")
+    p.add_argument("--out", default=None, help="PATH.npy, or JSON lines (default: stdout)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--truncate", action="store_true", help="keep the start of over-long texts")
+    _add_device(p)
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("fill-mask", help="the likeliest tokens at each [MASK] of a text (BERT)")
+    p.add_argument("text", help='e.g. "Paris is the [MASK] of France."')
+    p.add_argument("--checkpoint", required=True, help="an aiayn or Hugging Face BERT folder")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    _add_device(p)
+    p.set_defaults(func=cmd_fill_mask)
 
     p = sub.add_parser(
         "serve", help="an HTTP server: OpenAI-style completions (continuous batching), translation"

@@ -143,6 +143,14 @@ class ModelConfig:
     experts_top_k: int = 2
     expert_capacity_factor: float | None = None  # None = never drop; see aiayn/nn/moe.py
     pad_id: int | None = 0
+    # BERT's extras (Devlin et al., 2019): segment embeddings for type_vocab_size token types
+    # added to the input (0 = none), a norm over the summed embeddings, the [CLS] pooler
+    # (dense + tanh over position 0, encoders), and whether an encoder has its masked-LM head
+    # (a BertModel, e.g. for sentence embeddings, has none).
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    pooler: bool = False
+    mlm_head: bool = True
     # Initial weights.  "xavier": Glorot-uniform matrices, the lineage of the paper's code
     # (tensor2tensor, the Annotated Transformer); with post-LN it lets the decoder use the
     # source from the first hundred steps (README, "The demo").  "scaled-normal": N(0,
@@ -283,6 +291,14 @@ class ModelConfig:
             self.vocab_size, self.source_vocab_size
         ):
             raise _fail("pad_id", self.pad_id, "an id inside the vocabulary, or None")
+        if isinstance(self.type_vocab_size, bool) or not (
+            isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0
+        ):
+            raise _fail("type_vocab_size", self.type_vocab_size, "an integer >= 0")
+        if self.arch != "encoder":
+            for name, off in (("type_vocab_size", 0), ("pooler", False), ("mlm_head", True)):
+                if getattr(self, name) != off:
+                    raise _fail(name, getattr(self, name), f"{off!r} for arch={self.arch!r}")
 
     # ----- derived sizes -------------------------------------------------------------------
     @property

@@ -23,7 +23,6 @@ from aiayn.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_FILE,
     is_bundle,
-    load_bundle,
     read_config,
     read_run,
 )
@@ -32,6 +31,7 @@ from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
 from aiayn.device import for_inference
 from aiayn.inspect.attention_maps import untrained_config
+from aiayn.interop.hf_folder import is_hf_folder, load_checkpoint, read_hf_config
 from aiayn.models import TransformerModel, build_model
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
@@ -150,8 +150,11 @@ class Registry:
                 f"{folder} is not a checkpoint folder (expected {CONFIG_FILE} and {TOKENIZER_FILE})"
             )
         name = name or _checkpoint_name(folder.resolve(), folder.resolve().parent)
-        config = read_config(folder)
-        self._add(Entry(name, config, folder, example=example_text(config, read_run(folder))))
+        if is_hf_folder(folder):
+            config, run = read_hf_config(folder), {}
+        else:
+            config, run = read_config(folder), read_run(folder)
+        self._add(Entry(name, config, folder, example=example_text(config, run)))
         return name
 
     def add_runs(self, root: str | Path) -> list[str]:
@@ -217,7 +220,7 @@ class Registry:
     def _load(entry: Entry, device: torch.device) -> Loaded:
         run: dict[str, Any] | None = None
         if entry.directory is not None:
-            bundle = load_bundle(entry.directory)
+            bundle = load_checkpoint(entry.directory)
             model, tokenizer, run = bundle.model, bundle.tokenizer, bundle.run
         else:
             torch.manual_seed(0)

@@ -68,13 +68,14 @@ def _positive(name: str, value: int) -> int:
 class ParameterBreakdown:
     """Parameters by kind; each shared (tied) tensor counted once.
 
-    * ``embeddings`` -- token tables and learned position tables.
+    * ``embeddings`` -- token tables, learned position tables and token-type tables.
     * ``attention`` -- every self- and cross-attention sublayer (projections and biases).
     * ``feed_forward`` -- every position-wise feed-forward network (all experts and the
       routers of a mixture of experts).
-    * ``norms`` -- the blocks' norms and the final norms of a pre-LN stack.
+    * ``norms`` -- the blocks' norms, the final norms of a pre-LN stack, and the norms over
+      the embeddings (BERT).
     * ``head`` -- the output projection when untied; for an encoder, the whole masked-LM
-      head (dense layer, norm, vocabulary bias and untied projection).
+      head (dense layer, norm, vocabulary bias and untied projection) and the pooler.
     """
 
     embeddings: int
@@ -214,6 +215,7 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     else:  # one table (three-way tied in an encoder-decoder: §3.4)
         tokens = v * d
     positions = n_stacks * c.max_len * d if c.positional == "learned" else 0
+    tokens += c.type_vocab_size * d  # BERT's token-type (segment) table
 
     mixers = _mixers(c)
     attention = mixers["attention"] * (
@@ -221,11 +223,16 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     ) + mixers["ssm"] * _ssm_parameters(c)
     feed_forward = blocks * _ffn_sublayer(c)
     final = n_stacks if c.norm_position == "pre" else 0
-    norms = (2 * blocks + cross + final) * _norm(c, c.bias)
+    embedding_norms = n_stacks if c.embedding_norm else 0
+    norms = (2 * blocks + cross + final + embedding_norms) * _norm(c, c.bias)
 
     projection = 0 if c.tie_embeddings else v * d
-    # An encoder's MaskedLMHead: dense (with bias), norm (with bias), projection + its bias.
-    head = d * d + d + _norm(c, True) + projection + v if c.arch == "encoder" else projection
+    if c.arch == "encoder":
+        # MaskedLMHead: dense (with bias), norm (with bias), projection + its bias; pooler.
+        head = (d * d + d + _norm(c, True) + projection + v) if c.mlm_head else 0
+        head += d * d + d if c.pooler else 0
+    else:
+        head = projection
     return ParameterBreakdown(
         embeddings=tokens + positions,
         attention=attention,
@@ -255,8 +262,9 @@ def matmul_parameters(config: ModelConfig) -> int:
     mixers = _mixers(c)
     n = mixers["attention"] * _attention_weights(c) + mixers["ssm"] * _ssm_matmul_weights(c)
     n += blocks * _ffn_active_weights(c)
-    n += c.vocab_size * c.d_model
-    if c.arch == "encoder":
+    if c.arch != "encoder" or c.mlm_head:
+        n += c.vocab_size * c.d_model
+    if c.arch == "encoder" and c.mlm_head:
         n += c.d_model * c.d_model
     return n
 

@@ -12,7 +12,10 @@ an error naming it, never a partial load.
 Saving writes the HF names (the fused projections split again), in shards of at most
 ``max_shard_bytes``, with the index HF's ``from_pretrained`` reads.
 
-Families: GPT-2, Llama, Mistral, Qwen2 (aiayn/interop/hf.py holds their name maps).
+Families: GPT-2, Llama, Mistral, Qwen2 (aiayn/interop/hf.py holds their name maps) and BERT
+(aiayn/interop/bert.py).  A BERT folder loads with what it holds: the pooler if its weights are
+there, the masked-LM head if its weights are there (bert-base-uncased and its kin hold both,
+plus a next-sentence head, which is left out).
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from aiayn.checkpoint.atomic import write_atomically
-from aiayn.checkpoint.bundle import save_bundle
+from aiayn.checkpoint.bundle import Bundle, load_bundle, save_bundle
+from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import BPETokenizer
+from aiayn.interop.bert import NSP_WEIGHTS, _bert_config, bert_names, config_from_bert
 from aiayn.interop.hf import (
     NameMap,
     _gpt2_config,
@@ -39,13 +44,17 @@ from aiayn.interop.hf import (
     config_from_gpt2,
     config_from_llama,
 )
+from aiayn.models import EncoderLM, TransformerModel
 from aiayn.models.decoder import DecoderLM
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-FAMILIES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
-# Buffers older GPT-2 checkpoints carry (causal masks), not weights: skipped when present.
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+FAMILIES = {
+    "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "bert": "BERT"
+}  # fmt: skip
+# Buffers older checkpoints carry (GPT-2's causal masks, BERT's position ids), not weights:
+# skipped when present.
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "embeddings.position_ids")
 
 
 def _family_of(model_type: str | None) -> str:
@@ -76,24 +85,66 @@ def _weight_files(folder: Path) -> dict[str, Path]:
         return dict.fromkeys(f.keys(), single)
 
 
-def load_hf_folder(directory: str | os.PathLike[str]) -> DecoderLM:
-    """A :class:`DecoderLM` from a Hugging Face checkpoint folder (see the module docstring)."""
-    folder = Path(directory)
+def is_hf_folder(directory: str | os.PathLike[str]) -> bool:
+    """A Hugging Face checkpoint folder: its config.json names a ``model_type`` (an aiayn
+    checkpoint's config.json is a ModelConfig, which has none)."""
+    cfg = Path(directory) / "config.json"
+    try:
+        return cfg.is_file() and "model_type" in json.loads(cfg.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path]]:
+    """(family, aiayn config, name map, HF tensor name -> file) of an HF folder."""
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
     hf_config = _transformers().AutoConfig.from_pretrained(str(folder), local_files_only=True)
     family = _family_of(getattr(hf_config, "model_type", None))
+    files = _weight_files(folder)
+    if family == "BERT":
+        prefix = "bert." if any(n.startswith("bert.") for n in files) else ""
+        config = config_from_bert(
+            hf_config,
+            pooler=f"{prefix}pooler.dense.weight" in files,
+            mlm_head="cls.predictions.bias" in files,
+        )
+        ignored = {*NSP_WEIGHTS}
+        if config.tie_embeddings:  # a stored copy of the tied decoder is the embedding table
+            ignored |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+        files = {n: p for n, p in files.items() if n not in ignored}
+        return family, config, bert_names(config, prefix), files
     if family == "GPT-2":
         config = config_from_gpt2(hf_config)
-        names = _gpt2_names(config)
-    else:
-        config = config_from_llama(hf_config, family)
-        names = _llama_names(config)
-    files = _weight_files(folder)
-    dtype = _stored_dtype(files)
-    model = DecoderLM(config).to(dtype)
+        return family, config, _gpt2_names(config), files
+    config = config_from_llama(hf_config, family)
+    return family, config, _llama_names(config), files
+
+
+def read_hf_config(directory: str | os.PathLike[str]) -> ModelConfig:
+    """The aiayn config of an HF folder, without reading its weights."""
+    return _plan(Path(directory))[1]
+
+
+def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
+    """An aiayn model from a Hugging Face checkpoint folder (see the module docstring): a
+    :class:`DecoderLM`, or an :class:`EncoderLM` for BERT."""
+    family, config, names, files = _plan(Path(directory))
+    model: TransformerModel = EncoderLM(config) if family == "BERT" else DecoderLM(config)
+    model = model.to(_stored_dtype(files))
     _fill(model, names, files, family)
     return model.eval()
+
+
+def load_checkpoint(directory: str | os.PathLike[str]) -> Bundle:
+    """Model and tokenizer from an aiayn checkpoint folder or, read in place, a Hugging Face
+    one (what every command's ``--checkpoint`` accepts)."""
+    folder = Path(directory)
+    if not is_hf_folder(folder):
+        return load_bundle(folder)
+    model = load_hf_folder(folder)
+    run = {"model": model.config.to_dict(), "source": {"huggingface": str(folder)}}
+    return Bundle(model, load_hf_tokenizer(folder), run, folder)
 
 
 def _stored_dtype(files: dict[str, Path]) -> torch.dtype:
@@ -105,7 +156,7 @@ def _stored_dtype(files: dict[str, Path]) -> torch.dtype:
 
 
 @torch.no_grad()
-def _fill(model: DecoderLM, names: NameMap, files: dict[str, Path], family: str) -> None:
+def _fill(model: TransformerModel, names: NameMap, files: dict[str, Path], family: str) -> None:
     params = dict(model.named_parameters())  # tied tensors appear once
     wanted = {h for _, hs, _ in names for h in hs}
     stored = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
@@ -178,7 +229,7 @@ def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[st
 
 
 def save_hf_folder(
-    model: DecoderLM,
+    model: TransformerModel,
     directory: str | os.PathLike[str],
     family: str,
     *,
@@ -186,10 +237,15 @@ def save_hf_folder(
     max_shard_bytes: int = 5 * 2**30,
 ) -> Path:
     """Write ``model`` as a Hugging Face ``family`` checkpoint folder ("gpt2", "llama",
-    "mistral", "qwen2"), atomically; shards of at most ``max_shard_bytes`` with an index, and
-    the tokenizer as ``tokenizer.json`` when given."""
+    "mistral", "qwen2", "bert"), atomically; shards of at most ``max_shard_bytes`` with an
+    index, and the tokenizer as ``tokenizer.json`` when given."""
     name = _family_of(family)
-    if name == "GPT-2":
+    if name == "BERT":
+        hf_config = _bert_config(model.config, None)
+        prefix = "bert." if model.config.mlm_head else ""
+        names = bert_names(model.config, prefix)
+        architecture = "BertForMaskedLM" if model.config.mlm_head else "BertModel"
+    elif name == "GPT-2":
         hf_config = _gpt2_config(model.config, None)
         names = _gpt2_names(model.config)
         architecture = "GPT2LMHeadModel"
@@ -236,7 +292,7 @@ def save_hf_folder(
     return write_atomically(Path(directory), fill)
 
 
-def _split_sizes(model: DecoderLM, ours: str, parts: int) -> list[int]:
+def _split_sizes(model: TransformerModel, ours: str, parts: int) -> list[int]:
     """Rows of each HF tensor in one of ours: q, k, v in the fused projection; gate and up in
     SwiGLU's w13; a plain tensor whole."""
     c = model.config

@@ -122,8 +122,10 @@ class TransformerModel(nn.Module):
         *,
         causal: bool,
         record: Record | None,
+        token_types: Tensor | None = None,
     ) -> tuple[Tensor, Context]:
-        """The (B, T, C) input of a stack and its context, from (B, T) ids.
+        """The (B, T, C) input of a stack and its context, from (B, T) ids (and BERT's (B, T)
+        token types).
 
         ``keep`` (B, T) flags real tokens (None: all real).  Positions count real tokens only,
         so a left-padded prompt sees the positions it would see alone; with a ``cache`` the new
@@ -144,7 +146,7 @@ class TransformerModel(nn.Module):
         else:
             key_mask = None
             positions = key_positions = torch.arange(t, device=ids.device)  # (T,)
-        x = embed(ids, positions)  # (B, T, C)
+        x = embed(ids, positions, token_types)  # (B, T, C)
         ctx = Context(
             mask=None if key_mask is None else key_padding_to_attention(key_mask),  # (B,1,1,S)
             causal=causal,

@@ -9,6 +9,7 @@ Shapes: B batch, T positions, C = d_model, V vocabulary.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -47,9 +48,10 @@ class EncoderLM(TransformerModel):
         c = config
         self.embed = Embeddings(c, c.vocab_size)
         self.encoder = Stack(c, c.n_layers, stream="encoder")
-        self.head = MaskedLMHead(c)
+        self.head = MaskedLMHead(c) if c.mlm_head else None
+        self.pooler = Linear(c.d_model, c.d_model) if c.pooler else None  # BERT: dense + tanh
         self.init_weights()
-        if c.tie_embeddings:
+        if c.tie_embeddings and self.head is not None:
             self.head.proj.weight = self.embed.token.weight
 
     def encode(
@@ -58,18 +60,33 @@ class EncoderLM(TransformerModel):
         *,
         attention_mask: Tensor | None = None,
         record: Record | None = None,
+        token_type_ids: Tensor | None = None,
     ) -> Tensor:
-        """(B, T) ids -> (B, T, C) contextual vectors."""
+        """(B, T) ids (and BERT's (B, T) token types) -> (B, T, C) contextual vectors."""
         check_ids(ids, self.config.vocab_size)
+        if token_type_ids is not None:
+            if token_type_ids.shape != ids.shape:
+                raise ValueError(
+                    f"token_type_ids of shape {tuple(token_type_ids.shape)} must match the ids'"
+                    f" {tuple(ids.shape)}"
+                )
+            check_ids(token_type_ids, max(1, self.config.type_vocab_size), "token_type_ids")
         if attention_mask is None and self.config.pad_id is not None:
             keep = ids != self.config.pad_id
             attention_mask = None if bool(keep.all()) else keep
         elif attention_mask is not None:
             check_token_mask(attention_mask, ids)
         x, ctx = self.embed_context(
-            self.embed, ids, attention_mask, None, causal=False, record=record
-        )
+            self.embed, ids, attention_mask, None, causal=False, record=record,
+            token_types=token_type_ids,
+        )  # fmt: skip
         return self.encoder(x, ctx)
+
+    def pool(self, hidden: Tensor) -> Tensor:
+        """BERT's pooled output: tanh(W h_[CLS] + b) of the (B, T, C) encoding -> (B, C)."""
+        if self.pooler is None:
+            raise ValueError("this encoder has no pooler (config pooler=False)")
+        return torch.tanh(self.pooler(hidden[:, 0]))
 
     def forward(
         self,
@@ -79,13 +96,18 @@ class EncoderLM(TransformerModel):
         record: Record | None = None,
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
+        token_type_ids: Tensor | None = None,
     ) -> Tensor:
         """(B, T) ids -> (B, T, V) logits for the masked-token prediction.
 
         With ``targets`` (B, T) -- the original token where one was masked, -100 elsewhere --
         the mean cross entropy over the masked positions instead, without the logits.
         """
-        x = self.encode(ids, attention_mask=attention_mask, record=record)  # (B, T, C)
+        if self.head is None:
+            raise ValueError("this encoder has no masked-LM head (mlm_head=False): use encode()")
+        x = self.encode(
+            ids, attention_mask=attention_mask, record=record, token_type_ids=token_type_ids
+        )  # (B, T, C)
         if targets is None:
             return self.head(x)
         return linear_cross_entropy(

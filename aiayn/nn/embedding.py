@@ -18,11 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import build_positions
 
 
 class Embeddings(nn.Module):
-    """Token embeddings (scaled), plus what the position scheme adds, then dropout.
+    """Token embeddings (scaled), plus what the position scheme adds and (BERT) a token-type
+    embedding, then (BERT) a norm, then dropout.
 
     ``self.positions`` is the model's position scheme (aiayn/nn/positions/); schemes that act
     inside attention (rotary, ALiBi) add nothing here and give the model their state.
@@ -37,16 +39,34 @@ class Embeddings(nn.Module):
         self.vocab_size = vocab_size
         self.scale = math.sqrt(d) if config.scale_embeddings else 1.0
         self.positions = build_positions(config)
+        types = config.type_vocab_size
+        self.token_type = nn.Embedding(types, d) if types else None
+        self.norm = (
+            build_norm(config.norm, d, config.norm_eps, config.bias)
+            if config.embedding_norm
+            else None
+        )
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        """(B, T) token ids (checked by the model) and (T,) or (B, T) positions -> (B, T, C)."""
+    def forward(self, ids: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """(B, T) token ids (checked by the model), (T,) or (B, T) positions, and (B, T)
+        token types (None: type 0 everywhere, as BERT takes it) -> (B, T, C)."""
         x = self.token(ids)  # (B, T, C)
         if self.scale != 1.0:
             x = x * self.scale
+        if self.token_type is not None:
+            x = x + (
+                self.token_type.weight[0] if token_types is None else self.token_type(token_types)
+            )
+        elif token_types is not None:
+            raise ValueError(
+                "token_type_ids given, but the model has no token types (type_vocab_size=0)"
+            )
         added = self.positions.embed(positions)
         if added is not None:
             x = x + added
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)
 
 

@@ -85,6 +85,9 @@ def _variants() -> list[ModelConfig]:
         base.replace(arch="decoder", mixer="linear", attention_every=2),
         base.replace(arch="decoder", bias=False, qkv_bias=True),  # Qwen2's biases
         base.replace(qkv_bias=False),
+        base.replace(arch="encoder", type_vocab_size=2, embedding_norm=True, pooler=True),
+        base.replace(arch="encoder", pooler=True, mlm_head=False, tie_embeddings=False),
+        base.replace(embedding_norm=True, positional="learned"),  # two stacks, two norms
         base.replace(arch="decoder", mixer="ssm", bias=False, ssm_head_dim=8),  # aiayn/nn/ssm.py
         base.replace(
             arch="decoder",

@@ -1,0 +1,213 @@
+"""aiayn's EncoderLM against Hugging Face BERT (BertModel, BertForMaskedLM) with identical
+random weights: hidden states, pooled output and masked-LM logits to 1e-5; round trips."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+from aiayn.interop.bert import from_hf_bert, to_hf_bert  # noqa: E402
+from aiayn.models.encoder import EncoderLM  # noqa: E402
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+VOCAB = 97
+
+
+def bert_config(**overrides: object) -> object:
+    kwargs: dict = dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=40, type_vocab_size=2,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return transformers.BertConfig(**kwargs)
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (3, 17), generator=g)
+    types = (torch.arange(17) >= 9).long().expand(3, -1).clone()
+    mask = torch.ones(3, 17, dtype=torch.bool)
+    mask[1, 12:] = False  # right padding, as BERT has it
+    mask[2, 5:] = False
+    ids[~mask] = 0
+    return ids, types, mask
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
+def test_masked_lm_logits_equal_hf(act: str) -> None:
+    torch.manual_seed(0)
+    hf = transformers.BertForMaskedLM(bert_config(hidden_act=act)).eval()
+    ours = from_hf_bert(hf).eval()
+    assert isinstance(ours, EncoderLM) and ours.pooler is None and ours.head is not None
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        want = hf(input_ids=ids, token_type_ids=types, attention_mask=mask.long()).logits
+        got = ours(ids, attention_mask=mask, token_type_ids=types)
+    torch.testing.assert_close(got[mask], want[mask], **TOL)
+    back = to_hf_bert(ours).eval()
+    for (name, a), (_, b) in zip(back.state_dict().items(), hf.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_bert_model_hidden_states_and_pooler_equal_hf() -> None:
+    torch.manual_seed(0)
+    hf = transformers.BertModel(bert_config()).eval()
+    ours = from_hf_bert(hf).eval()
+    assert ours.head is None and ours.pooler is not None
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        out = hf(input_ids=ids, token_type_ids=types, attention_mask=mask.long())
+        hidden = ours.encode(ids, attention_mask=mask, token_type_ids=types)
+        pooled = ours.pool(hidden)
+    torch.testing.assert_close(hidden[mask], out.last_hidden_state[mask], **TOL)
+    torch.testing.assert_close(pooled, out.pooler_output, **TOL)
+    with torch.no_grad():  # no token types given: type 0 everywhere, as HF takes it
+        torch.testing.assert_close(
+            ours.encode(ids, attention_mask=mask)[mask],
+            hf(input_ids=ids, attention_mask=mask.long()).last_hidden_state[mask],
+            **TOL,
+        )
+    with pytest.raises(ValueError, match="no masked-LM head"):
+        ours(ids)
+    back = to_hf_bert(ours)
+    assert type(back).__name__ == "BertModel"
+    for (name, a), (_, b) in zip(back.state_dict().items(), hf.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_what_cannot_be_converted_is_named() -> None:
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        from_hf_bert(transformers.BertModel(bert_config(position_embedding_type="relative_key")))
+    with pytest.raises(ValueError, match="BertForNextSentencePrediction cannot be converted"):
+        from_hf_bert(transformers.BertForNextSentencePrediction(bert_config()))
+    ours = from_hf_bert(transformers.BertModel(bert_config()))
+    with pytest.raises(ValueError, match="token_type_ids"):
+        ours.encode(torch.ones(1, 4, dtype=torch.long), token_type_ids=torch.full((1, 4), 2))
+
+
+def wordpiece(folder: Path) -> None:
+    """A small WordPiece tokenizer (BERT's kind) trained here, saved as tokenizer.json with
+    BERT's normaliser, pre-tokeniser and [CLS] ... [SEP] post-processor."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    text = ["Ein Hund läuft über die Wiese.", "A dog runs across the meadow.",
+            "Le chien court dans le pré.", "Zwei Männer spielen Fußball im Park."] * 20  # fmt: skip
+    tok.train_from_iterator(
+        text, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=special)
+    )
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )  # fmt: skip
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def test_bert_folders_load_with_their_tokenizer_and_write_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A BertForPreTraining folder (encoder, pooler, masked-LM head and a next-sentence head,
+    as bert-base-uncased is saved) loads with pooler and head; text -> ids equals HF's fast
+    tokenizer; our BERT written as a folder is read back by HF's from_pretrained."""
+    from aiayn.interop.hf_folder import load_hf_folder, load_hf_tokenizer, save_hf_folder
+
+    torch.manual_seed(0)
+    hf = transformers.BertForPreTraining(bert_config(vocab_size=VOCAB)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    wordpiece(tmp_path / "hf")
+    ours = load_hf_folder(tmp_path / "hf")
+    assert isinstance(ours, EncoderLM) and ours.pooler is not None and ours.head is not None
+    tok = load_hf_tokenizer(tmp_path / "hf")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "hf" / "tokenizer.json")
+    )
+    sample = ["Ein Hund läuft über die Wiese.", "A DOG runs!", "Le chien court, 2 Männer."]
+    for text in sample:
+        assert tok.encode(text) == fast(text)["input_ids"]
+    ids = torch.tensor([tok.encode(sample[0])])
+    with torch.no_grad():
+        out = hf(input_ids=ids)
+        hidden = ours.encode(ids)
+        torch.testing.assert_close(ours(ids), out.prediction_logits, **TOL)
+        torch.testing.assert_close(ours.pool(hidden), hf.bert(input_ids=ids).pooler_output, **TOL)
+    # Written back (BertForMaskedLM layout, pooler kept under bert.pooler): HF reads it.
+    save_hf_folder(ours, tmp_path / "back", "bert")
+    again = transformers.BertForMaskedLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids).logits, out.prediction_logits, **TOL)
+    assert torch.equal(load_hf_folder(tmp_path / "back").pooler.weight, ours.pooler.weight)  # type: ignore[union-attr]
+
+
+def test_embed_and_fill_mask_on_an_hf_folder_equal_hf(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`aiayn embed` and `aiayn fill-mask` read an HF BERT folder in place.  Embeddings equal
+    sentence-transformers' recipe computed from HF's BertModel (mean over real tokens,
+    normalised); fill-mask equals HF's fill-mask pipeline (ids and probabilities)."""
+    import json
+
+    import numpy as np
+
+    from aiayn.cli import main
+
+    torch.manual_seed(0)
+    hf = transformers.BertForMaskedLM(bert_config()).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    wordpiece(tmp_path / "hf")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "hf" / "tokenizer.json"), mask_token="[MASK]",
+        pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
+    )  # fmt: skip
+    texts = ["Ein Hund läuft über die Wiese.", "A dog runs.", "Le chien court dans le pré."]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    args = ["embed", "--checkpoint", str(tmp_path / "hf"), "--file", str(tmp_path / "texts.txt")]
+    assert main([*args, "--out", str(tmp_path / "e.npy"), "--batch-size", "2"]) == 0
+    got = torch.from_numpy(np.load(tmp_path / "e.npy"))
+    batch = fast(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = hf.bert(**batch).last_hidden_state  # (B, T, C)
+    m = batch["attention_mask"][..., None].float()
+    want = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1), dim=-1)
+    torch.testing.assert_close(got, want, **TOL)
+    assert main([*args, "--out", str(tmp_path / "e.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == texts
+    torch.testing.assert_close(
+        torch.tensor([r["embedding"] for r in rows]), want, atol=1e-6, rtol=0
+    )
+
+    text = "Ein [MASK] läuft über die [MASK]."
+    capsys.readouterr()
+    assert (
+        main(["fill-mask", text, "--checkpoint", str(tmp_path / "hf"), "--top-k", "4", "--json"])
+        == 0
+    )
+    ours = json.loads(capsys.readouterr().out)
+    pipe = transformers.pipeline("fill-mask", model=hf, tokenizer=fast, top_k=4)
+    theirs = pipe(text)
+    assert len(ours) == len(theirs) == 2
+    for mine, ref in zip(ours, theirs, strict=True):
+        assert [g["id"] for g in mine] == [r["token"] for r in ref]
+        np.testing.assert_allclose([g["score"] for g in mine], [r["score"] for r in ref], atol=1e-5)
+    with pytest.raises(ValueError, match="no mask token"):
+        from aiayn.generate.encoder import fill_mask
+        from aiayn.interop.hf_folder import load_checkpoint
+
+        bundle = load_checkpoint(tmp_path / "hf")
+        fill_mask(bundle.model, bundle.tokenizer, "no mask here")  # type: ignore[arg-type]
