@@ -2,10 +2,13 @@
 sharded ``model-0000x-of-0000N.safetensors`` with ``model.safetensors.index.json``.
 
 Loading reads the config with ``transformers.AutoConfig`` from the local folder (its defaults
-are the reference for every field a saved config leaves out; nothing downloads), builds the
-aiayn model, and copies each tensor from the safetensors files straight into its place in the
-model's parameters -- Q, K and V into their slices of the fused projection -- one tensor at a
-time, so that no second copy of the model is ever held.  Every tensor in the files must find
+are the reference for every field a saved config leaves out; nothing downloads) and builds the
+aiayn model with its parameters on the meta device: no memory, no random initialisation.  Each
+parameter is then allocated once, in the stored dtype (bf16 stays bf16), and each tensor's
+bytes are read from the safetensors file straight into its place -- Q, K and V into their
+slices of the fused projection -- with ``readinto`` on the file, so neither a second copy nor
+a mapping of the file is ever held.  Peak memory is the model itself (see the README for the
+measurement).  Every tensor in the files must find
 its place and every parameter must be filled: a missing or extra tensor, or a wrong shape, is
 an error naming it, never a partial load.
 
@@ -22,12 +25,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from aiayn.checkpoint.atomic import write_atomically
 from aiayn.checkpoint.bundle import Bundle, load_bundle, save_bundle
@@ -130,9 +136,12 @@ def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
     """An aiayn model from a Hugging Face checkpoint folder (see the module docstring): a
     :class:`DecoderLM`, or an :class:`EncoderLM` for BERT."""
     family, config, names, files = _plan(Path(directory))
-    model: TransformerModel = EncoderLM(config) if family == "BERT" else DecoderLM(config)
-    model = model.to(_stored_dtype(files))
-    _fill(model, names, files, family)
+    headers = {path: _header(path) for path in set(files.values())}
+    dtype = _stored_dtype(files, headers)
+    with _parameters_on_meta():
+        model: TransformerModel = EncoderLM(config) if family == "BERT" else DecoderLM(config)
+    _materialize(model, dtype)
+    _fill(model, names, files, headers, family)
     return model.eval()
 
 
@@ -147,16 +156,78 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Bundle:
     return Bundle(model, load_hf_tokenizer(folder), run, folder)
 
 
-def _stored_dtype(files: dict[str, Path]) -> torch.dtype:
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "F64": torch.float64}  # fmt: skip
+
+
+def _header(path: Path) -> tuple[int, dict[str, Any]]:
+    """(where the data starts, the JSON header) of a safetensors file."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size < 100 * 2**20:
+            raise ValueError(f"{path} is not a safetensors file (header size {size})")
+        try:
+            header = json.loads(f.read(size))
+        except ValueError as err:
+            raise ValueError(f"corrupt safetensors header in {path}: {err}") from err
+    header.pop("__metadata__", None)
+    return 8 + size, header
+
+
+def _stored_dtype(
+    files: dict[str, Path], headers: dict[Path, tuple[int, dict[str, Any]]]
+) -> torch.dtype:
     """The floating dtype of the stored weights (bf16 stays bf16)."""
     name, path = next(iter(files.items()))
-    with safe_open(str(path), framework="pt") as f:
-        dtype: torch.dtype = f.get_tensor(name).dtype
-    return dtype
+    code = headers[path][1][name]["dtype"]
+    if code not in _DTYPES:
+        raise ValueError(
+            f"tensor {name} in {path} has dtype {code}: expected one of {list(_DTYPES)}"
+        )
+    return _DTYPES[code]
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Within the block, new modules put their parameters on the meta device (no memory, and
+    initialisers do nothing); buffers -- position tables, computed from the config -- stay
+    real."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _materialize(model: nn.Module, dtype: torch.dtype) -> None:
+    """Give every meta parameter uninitialised memory of ``dtype`` (tied parameters stay one)."""
+    done: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in done:
+                done[id(param)] = nn.Parameter(
+                    torch.empty(param.shape, dtype=dtype), requires_grad=param.requires_grad
+                )
+            module._parameters[name] = done[id(param)]
 
 
 @torch.no_grad()
-def _fill(model: TransformerModel, names: NameMap, files: dict[str, Path], family: str) -> None:
+def _fill(
+    model: TransformerModel,
+    names: NameMap,
+    files: dict[str, Path],
+    headers: dict[Path, tuple[int, dict[str, Any]]],
+    family: str,
+) -> None:
     params = dict(model.named_parameters())  # tied tensors appear once
     wanted = {h for _, hs, _ in names for h in hs}
     stored = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
@@ -176,23 +247,42 @@ def _fill(model: TransformerModel, names: NameMap, files: dict[str, Path], famil
             offset = 0
             for h in hf_names:
                 path = files[h]
-                if path not in handles:
-                    handles[path] = safe_open(str(path), framework="pt").__enter__()
-                t = handles[path].get_tensor(h)
-                t = t.t() if transposed else t
-                rows = t.shape[0]
-                if offset + rows > dst.shape[0] or tuple(t.shape[1:]) != tuple(dst.shape[1:]):
+                start, header = headers[path]
+                meta = header[h]
+                shape = tuple(meta["shape"])
+                if transposed:
+                    shape = shape[::-1]
+                rows = shape[0] if shape else 1
+                if offset + rows > dst.shape[0] or shape[1:] != tuple(dst.shape[1:]):
                     raise ValueError(
-                        f"tensor {h}: shape {tuple(t.shape)} does not fit {ours}"
+                        f"tensor {h}: shape {tuple(meta['shape'])} does not fit {ours}"
                         f" {tuple(dst.shape)} at row {offset}"
                     )
-                dst[offset : offset + rows].copy_(t)
+                if path not in handles:
+                    handles[path] = open(path, "rb")  # noqa: SIM115
+                f = handles[path]
+                begin, end = meta["data_offsets"]
+                dtype = _DTYPES.get(meta["dtype"])
+                part = dst[offset : offset + rows]
+                f.seek(start + begin)
+                if dtype == dst.dtype and not transposed:  # straight into the parameter
+                    buf = part.view(-1).view(torch.uint8)
+                    if end - begin != buf.numel() or f.readinto(buf.numpy()) != buf.numel():
+                        raise ValueError(f"tensor {h} in {path}: {end - begin} bytes, truncated?")
+                else:  # a stored layout or dtype of its own: one tensor's copy, then converted
+                    if dtype is None:
+                        raise ValueError(f"tensor {h} has dtype {meta['dtype']}")
+                    raw = bytearray(end - begin)
+                    if f.readinto(raw) != len(raw):
+                        raise ValueError(f"tensor {h} in {path} is truncated")
+                    t = torch.frombuffer(raw, dtype=dtype).view(tuple(meta["shape"]))
+                    part.copy_(t.t() if transposed else t)
                 offset += rows
             if offset != dst.shape[0]:
                 raise ValueError(f"{ours}: {offset} rows filled, expected {dst.shape[0]}")
     finally:
         for handle in handles.values():
-            handle.__exit__(None, None, None)
+            handle.close()
 
 
 def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer:
@@ -261,7 +351,9 @@ def save_hf_folder(
         sizes = _split_sizes(model, ours, len(hf_names))
         for h, part in zip(hf_names, whole.split(sizes, dim=0), strict=True):
             tensors[h] = (part.t() if transposed else part).contiguous().cpu()
-    hf_config.torch_dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    stored = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    major = int(_transformers().__version__.split(".")[0])
+    setattr(hf_config, "dtype" if major >= 5 else "torch_dtype", stored)  # renamed in 5.0
 
     def fill(tmp: Path) -> None:
         (tmp / "config.json").write_text(hf_config.to_json_string())
