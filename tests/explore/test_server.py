@@ -329,3 +329,24 @@ def test_the_calculator_counts_recurrent_layers(client):
         {"preset": "gpt2-small", "context": 1024, "mixer": "ssm", "attention_every": 4},
     )
     assert status == 200 and 0 < r["recurrent_state_bytes"] < r["kv_cache_bytes"]
+
+
+def test_a_hugging_face_bert_folder_shows_its_heads(tmp_path):
+    """An HF BERT folder (config.json, safetensors, WordPiece tokenizer.json) is offered as it
+    is: its attention rows are its own tokens ([CLS] ... [SEP]), both ways, every head."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from aiayn.explore.registry import Registry
+    from tests.interop.test_bert import bert_config, wordpiece
+
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(bert_config()).save_pretrained(tmp_path / "bert")
+    wordpiece(tmp_path / "bert")
+    reg = Registry()
+    name = reg.add_checkpoint(tmp_path / "bert", "hf-bert")
+    view = analysis.attention_view(reg.get(name), "a dog runs", layer=1, head=3)
+    assert view["rows"][0] == "[CLS]" and view["rows"][-1] == "[SEP]"
+    assert view["model_causal"] is False and view["stream"] == "encoder"
+    for row in view["weights"]:
+        assert all(w is not None for w in row) and sum(row) == pytest.approx(1.0, abs=1e-4)
