@@ -1,7 +1,8 @@
 """Weight conversion between :class:`~aiayn.models.decoder.DecoderLM` and Hugging Face
 ``transformers`` GPT-2 (``GPT2LMHeadModel``) and the Llama family: Llama
-(``LlamaForCausalLM``), Mistral (the same, with a sliding window) and Qwen2 (the same, with
-biases on the q, k and v projections).
+(``LlamaForCausalLM``), Mistral (the same, with a sliding window), Qwen2 (the same, with
+biases on the q, k and v projections) and Mixtral (Mistral with a mixture of experts: HF's
+router, softmax over all experts, top k, renormalised, is aiayn/nn/moe.py's).
 
 Both directions are strict: every parameter on each side is mapped exactly once (shared,
 tied tensors count once; non-parameter buffers such as GPT-2's ``attn.bias`` causal masks or
@@ -19,6 +20,9 @@ Name mapping (per layer ``i``; aiayn <- GPT-2 | Llama):
 * blocks.i.norm2 <- h.i.ln_2 | layers.i.post_attention_layernorm
 * blocks.i.ffn.w1 / w13 <- h.i.mlp.c_fc (Conv1D) | cat(gate_proj, up_proj)
 * blocks.i.ffn.w2 <- h.i.mlp.c_proj (Conv1D) | layers.i.mlp.down_proj
+* blocks.i.ffn.router / experts.e.w13 / experts.e.w2 <- (Mixtral) mlp.gate /
+  mlp.experts.gate_up_proj[e] / mlp.experts.down_proj[e]; on the Hub, block_sparse_moe.gate /
+  cat(experts.e.w1, experts.e.w3) / experts.e.w2
 * decoder.norm <- transformer.ln_f | model.norm
 * head <- lm_head (tied to wte by default) | lm_head (unless tie_word_embeddings)
 
@@ -123,6 +127,10 @@ def config_from_llama(hf_config: Any, family: str = "Llama") -> ModelConfig:
     c = hf_config
     owner = f"{family}Config"
     _check(owner, c, hidden_act=("silu",), mlp_bias=(False,))
+    experts: dict[str, Any] = {}
+    if family == "Mixtral":  # experts of size intermediate_size, the top k mixed (aiayn/nn/moe.py)
+        _check(owner, c, router_jitter_noise=(0.0, None))
+        experts = {"n_experts": c.num_local_experts, "experts_top_k": c.num_experts_per_tok}
     qkv_bias: bool | None = None
     if family == "Qwen2":
         qkv_bias = True  # Qwen2Attention: q/k/v_proj with bias, o_proj without
@@ -142,7 +150,7 @@ def config_from_llama(hf_config: Any, family: str = "Llama") -> ModelConfig:
         bias=False, dropout=0.0,
         attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
         scale_embeddings=False, tie_embeddings=bool(c.tie_word_embeddings), pad_id=None,
-        init_std=c.initializer_range, qkv_bias=qkv_bias, sliding_window=window,
+        init_std=c.initializer_range, qkv_bias=qkv_bias, sliding_window=window, **experts,
     )  # fmt: skip
 
 
@@ -178,14 +186,22 @@ def _llama_config(
     _check(want, c, norm_position=("pre",), activation=("swiglu",))
     _check(want, c, bias=(False,), scale_embeddings=(False,))
     _check(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
-    _check(want, c, mixer=("attention",), n_experts=(None,))
-    _check(want, c, projection_bias=(family == "Qwen2",))
+    _check(want, c, mixer=("attention",), projection_bias=(family == "Qwen2",))
+    _check(want, c, n_experts=(None,) if family != "Mixtral" else (c.n_experts,))
+    _check(want, c, expert_capacity_factor=(None,))  # HF computes every assignment
     if family == "Llama":
         _check(want, c, sliding_window=(None,))
     scaling = None if c.rope_scaling == 1.0 else {"rope_type": "linear", "factor": c.rope_scaling}
     extra: dict[str, Any] = {}
-    if family == "Mistral":
+    if family in ("Mistral", "Mixtral"):
         extra["sliding_window"] = c.sliding_window
+    if family == "Mixtral":
+        if c.n_experts is None:
+            raise ValueError(
+                "ModelConfig (for Mixtral) n_experts=None: Mixtral is a mixture of experts"
+            )
+        extra.update(num_local_experts=c.n_experts, num_experts_per_tok=c.experts_top_k,
+                     router_jitter_noise=0.0)  # fmt: skip
     elif family == "Qwen2":
         window = c.sliding_window is not None
         extra.update(use_sliding_window=window, sliding_window=c.sliding_window,
@@ -231,8 +247,11 @@ def _gpt2_names(config: ModelConfig) -> NameMap:
     return names
 
 
-def _llama_names(config: ModelConfig) -> NameMap:
-    """Llama's names; Mistral's are the same, and Qwen2 adds the q, k, v biases."""
+def _llama_names(config: ModelConfig, experts: str = "") -> NameMap:
+    """Llama's names; Mistral's are the same, Qwen2 adds the q, k, v biases, and Mixtral has
+    a router and experts in place of the MLP: ``experts`` "fused" (transformers 5's modules:
+    one (E, 2F, C) gate_up_proj and one (E, C, F) down_proj per layer, expert e their slice
+    ``[e]``) or "per-expert" (the checkpoints on the Hub: block_sparse_moe.experts.e.w1/w3/w2)."""
     names: NameMap = [
         ("embed.token.weight", ("model.embed_tokens.weight",), False),
         ("decoder.norm.weight", ("model.norm.weight",), False),
@@ -251,10 +270,29 @@ def _llama_names(config: ModelConfig) -> NameMap:
             ),
             (f"{ours}self_attn.out.weight", (f"{attn}o_proj.weight",), False),
             (f"{ours}norm2.weight", (f"{hf}post_attention_layernorm.weight",), False),
-            # (2 F, C) = [gate_proj (F, C) = W1; up_proj (F, C) = W3]
-            (f"{ours}ffn.w13.weight", (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"), False),
-            (f"{ours}ffn.w2.weight", (f"{mlp}down_proj.weight",), False),
         ]
+        if config.n_experts is None:
+            names += [
+                # (2 F, C) = [gate_proj (F, C) = W1; up_proj (F, C) = W3]
+                (
+                    f"{ours}ffn.w13.weight",
+                    (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"),
+                    False,
+                ),
+                (f"{ours}ffn.w2.weight", (f"{mlp}down_proj.weight",), False),
+            ]
+            continue
+        moe = f"{hf}mlp." if experts == "fused" else f"{hf}block_sparse_moe."
+        names.append((f"{ours}ffn.router.weight", (f"{moe}gate.weight",), False))
+        for e in range(config.n_experts):
+            mine = f"{ours}ffn.experts.{e}."
+            if experts == "fused":  # gate_up_proj[e] is [gate; up] = [W1; W3], our w13
+                names += [(f"{mine}w13.weight", (f"{moe}experts.gate_up_proj[{e}]",), False),
+                          (f"{mine}w2.weight", (f"{moe}experts.down_proj[{e}]",), False)]  # fmt: skip
+            else:
+                x = f"{moe}experts.{e}."
+                names += [(f"{mine}w13.weight", (f"{x}w1.weight", f"{x}w3.weight"), False),
+                          (f"{mine}w2.weight", (f"{x}w2.weight",), False)]  # fmt: skip
     if not config.tie_embeddings:
         names.append(("head.weight", ("lm_head.weight",), False))
     return names
@@ -266,13 +304,27 @@ def _assign(dst: Tensor, src: Tensor, name: str) -> None:
     dst.copy_(src)
 
 
+def split_index(name: str) -> tuple[str, int | None]:
+    """ "a.b[3]" -> ("a.b", 3): slice 3 (along dim 0) of the HF tensor a.b; "a.b" -> ("a.b", None)."""
+    if name.endswith("]"):
+        base, _, index = name[:-1].rpartition("[")
+        return base, int(index)
+    return name, None
+
+
 @torch.no_grad()
 def _copy(ours: nn.Module, hf: nn.Module, names: NameMap, *, to_hf: bool, family: str) -> None:
     """Copy every mapped weight (HF -> ours, or ours -> HF if ``to_hf``); strict both sides."""
-    mine, theirs = dict(ours.named_parameters()), dict(hf.named_parameters())  # tied: once
+    mine, stored = dict(ours.named_parameters()), dict(hf.named_parameters())  # tied: once
+    theirs: dict[str, Tensor] = {}
+    for _, hs, _ in names:
+        for h in hs:
+            base, index = split_index(h)
+            if base in stored:
+                theirs[h] = stored[base] if index is None else stored[base][index]
     for side, params, mapped in (
         ("aiayn", mine, {o for o, _, _ in names}),
-        (family, theirs, {h for _, hs, _ in names for h in hs}),
+        (family, stored, {split_index(h)[0] for _, hs, _ in names for h in hs}),
     ):
         if set(params) != mapped:
             raise ValueError(
@@ -320,6 +372,19 @@ def from_hf_mistral(hf_model: Any) -> DecoderLM:
     return _from_hf(hf_model, config, _llama_names(config), "Mistral")
 
 
+def from_hf_mixtral(hf_model: Any) -> DecoderLM:
+    """A ``MixtralForCausalLM`` (Mistral with a mixture of experts) as a :class:`DecoderLM`."""
+    config = config_from_llama(hf_model.config, "Mixtral")
+    return _from_hf(hf_model, config, _llama_names(config, "fused"), "Mixtral")
+
+
+def to_hf_mixtral(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``MixtralForCausalLM`` with ``model``'s weights."""
+    hf_config = _llama_config(model.config, attn_implementation, "Mixtral")
+    hf_model = _transformers().MixtralForCausalLM(hf_config)
+    return _to_hf(model, hf_model, _llama_names(model.config, "fused"), "Mixtral")
+
+
 def from_hf_qwen2(hf_model: Any) -> DecoderLM:
     """A ``Qwen2ForCausalLM`` (Llama with q, k, v biases) as a :class:`DecoderLM`."""
     config = config_from_llama(hf_model.config, "Qwen2")
@@ -345,6 +410,7 @@ FROM_HF = {
     "llama": from_hf_llama,
     "mistral": from_hf_mistral,
     "qwen2": from_hf_qwen2,
+    "mixtral": from_hf_mixtral,
 }
 
 

@@ -15,7 +15,7 @@ an error naming it, never a partial load.
 Saving writes the HF names (the fused projections split again), in shards of at most
 ``max_shard_bytes``, with the index HF's ``from_pretrained`` reads.
 
-Families: GPT-2, Llama, Mistral, Qwen2 (aiayn/interop/hf.py holds their name maps) and BERT
+Families: GPT-2, Llama, Mistral, Qwen2, Mixtral (aiayn/interop/hf.py holds their name maps) and BERT
 (aiayn/interop/bert.py).  A BERT folder loads with what it holds: the pooler if its weights are
 there, the masked-LM head if its weights are there (bert-base-uncased and its kin hold both,
 plus a next-sentence head, which is left out).
@@ -49,6 +49,7 @@ from aiayn.interop.hf import (
     _transformers,
     config_from_gpt2,
     config_from_llama,
+    split_index,
 )
 from aiayn.models import EncoderLM, TransformerModel
 from aiayn.models.decoder import DecoderLM
@@ -56,7 +57,8 @@ from aiayn.models.decoder import DecoderLM
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 FAMILIES = {
-    "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "bert": "BERT"
+    "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
+    "mixtral": "Mixtral", "bert": "BERT",
 }  # fmt: skip
 # Buffers older checkpoints carry (GPT-2's causal masks, BERT's position ids), not weights:
 # skipped when present.
@@ -124,7 +126,11 @@ def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path]]:
         config = config_from_gpt2(hf_config)
         return family, config, _gpt2_names(config), files
     config = config_from_llama(hf_config, family)
-    return family, config, _llama_names(config), files
+    if family != "Mixtral":
+        return family, config, _llama_names(config), files
+    # The Hub's Mixtral checkpoints keep one w1/w2/w3 per expert; transformers 5 saves fused.
+    per_expert = any(".block_sparse_moe." in n for n in files)
+    return family, config, _llama_names(config, "per-expert" if per_expert else "fused"), files
 
 
 def read_hf_config(directory: str | os.PathLike[str]) -> ModelConfig:
@@ -229,7 +235,7 @@ def _fill(
     family: str,
 ) -> None:
     params = dict(model.named_parameters())  # tied tensors appear once
-    wanted = {h for _, hs, _ in names for h in hs}
+    wanted = {split_index(h)[0] for _, hs, _ in names for h in hs}
     stored = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
     extra, missing = sorted(stored - wanted), sorted(wanted - stored)
     if extra or missing:
@@ -246,9 +252,15 @@ def _fill(
             dst = params[ours]
             offset = 0
             for h in hf_names:
-                path = files[h]
+                base, index = split_index(h)  # expert e of a fused (E, ...) tensor: slice e
+                path = files[base]
                 start, header = headers[path]
-                meta = header[h]
+                meta = dict(header[base])
+                if index is not None:
+                    whole, (begin, end) = meta["shape"], meta["data_offsets"]
+                    step = (end - begin) // whole[0]
+                    meta.update(shape=whole[1:], data_offsets=[begin + index * step,
+                                                                begin + (index + 1) * step])  # fmt: skip
                 shape = tuple(meta["shape"])
                 if transposed:
                     shape = shape[::-1]
@@ -327,7 +339,7 @@ def save_hf_folder(
     max_shard_bytes: int = 5 * 2**30,
 ) -> Path:
     """Write ``model`` as a Hugging Face ``family`` checkpoint folder ("gpt2", "llama",
-    "mistral", "qwen2", "bert"), atomically; shards of at most ``max_shard_bytes`` with an
+    "mistral", "qwen2", "mixtral", "bert"), atomically; shards of at most ``max_shard_bytes`` with an
     index, and the tokenizer as ``tokenizer.json`` when given."""
     name = _family_of(family)
     if name == "BERT":
@@ -341,7 +353,8 @@ def save_hf_folder(
         architecture = "GPT2LMHeadModel"
     else:
         hf_config = _llama_config(model.config, None, name)
-        names = _llama_names(model.config)
+        # Mixtral in the Hub's layout, one w1/w2/w3 per expert, which every version reads.
+        names = _llama_names(model.config, "per-expert")
         architecture = f"{name.replace('-', '')}ForCausalLM"
     hf_config.architectures = [architecture]
     params = dict(model.named_parameters())

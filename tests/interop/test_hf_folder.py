@@ -48,6 +48,7 @@ def logits(model: torch.nn.Module, ids: torch.Tensor, hf: bool) -> torch.Tensor:
         ("Llama", {"tie_word_embeddings": True}, None),
         ("Mistral", {"sliding_window": 6}, "40KB"),
         ("Qwen2", {}, "40KB"),
+        ("Mixtral", {"num_local_experts": 3, "num_experts_per_tok": 2}, "40KB"),
     ],
 )
 def test_load_equals_hf_and_writes_back(
@@ -157,3 +158,22 @@ def test_convert_a_folder_with_its_tokenizer_and_generate_as_hf_does(
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
     torch.testing.assert_close(logits(back, ids, True), logits(hf, ids, True), atol=1e-5, rtol=1e-5)
     assert (tmp_path / "back" / "tokenizer.json").is_file()
+
+
+def test_a_mixtral_folder_with_fused_experts_loads(tmp_path: Path) -> None:
+    """transformers 5 holds Mixtral's experts fused, (E, 2F, C) and (E, C, F) per layer; a
+    folder written in that layout loads too, expert e read from slice e of the file."""
+    from safetensors.torch import save_file
+
+    hf = hf_model("Mixtral", num_local_experts=3, num_experts_per_tok=2)
+    folder = tmp_path / "fused"
+    folder.mkdir()
+    hf.config.save_pretrained(folder)
+    state = {n: t.contiguous() for n, t in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    ids = torch.randint(0, VOCAB, (2, 20))
+    ours = load_hf_folder(folder)
+    torch.testing.assert_close(
+        logits(ours, ids, False), logits(hf, ids, True), atol=1e-5, rtol=1e-5
+    )
