@@ -52,11 +52,18 @@ def _onednn(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
-def _pad_rows(x: Tensor) -> Tensor:
-    """(N, F) -> (N', F) with N' the next multiple of ROW_MULTIPLE, zero rows appended (up to
-    ROW_MULTIPLE rows are left as they are: there are few such shapes)."""
-    extra = -x.shape[0] % ROW_MULTIPLE
-    return F.pad(x, (0, 0, 0, extra)) if extra and x.shape[0] > ROW_MULTIPLE else x
+# Inference with a packed weight meets fewer row counts (a decoding batch, a prefill chunk), so
+# its rows are padded more finely: a 68-token prefill of a 6-layer, 384-wide model took 9.3 ms
+# padded to 128 rows and 6.5 ms padded to 80.
+PACKED_ROW_MULTIPLE = 16
+
+
+def _pad_rows(x: Tensor, multiple: int | None = None) -> Tensor:
+    """(N, F) -> (N', F) with N' the next multiple of ``multiple`` (ROW_MULTIPLE), zero rows
+    appended (up to that many rows are left as they are: there are few such shapes)."""
+    multiple = ROW_MULTIPLE if multiple is None else multiple
+    extra = -x.shape[0] % multiple
+    return F.pad(x, (0, 0, 0, extra)) if extra and x.shape[0] > multiple else x
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -158,7 +165,7 @@ class Linear(nn.Linear):
         if rows == 1 and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             return _gemv(flat, self.weight, self.bias).view(*x.shape[:-1], -1)
         if self.packed is not None and not torch.is_grad_enabled():
-            out = _onednn(_pad_rows(flat), self.packed, self.bias)[:rows]
+            out = _onednn(_pad_rows(flat, PACKED_ROW_MULTIPLE), self.packed, self.bias)[:rows]
         elif not _enabled or rows < MIN_ROWS or torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
         else:
