@@ -299,21 +299,43 @@ def _fill(
 
 def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer:
     """The checkpoint's own tokenizer, from its ``tokenizer.json`` (HF ``tokenizers``: byte-level
-    BPE for GPT-2 and Qwen2, SentencePiece-style BPE for Llama and Mistral), with its
-    normaliser, pre-tokeniser and post-processor -- so text -> ids is what HF's fast tokenizer
-    gives, special tokens (a Llama BOS) included."""
+    BPE for GPT-2 and Qwen2, SentencePiece-style BPE for Llama and Mistral, WordPiece for BERT),
+    with its normaliser, pre-tokeniser and post-processor -- so text -> ids is what HF's fast
+    tokenizer gives, special tokens (a Llama BOS) included.
+
+    A folder that ships only a SentencePiece ``tokenizer.model`` is converted the way HF
+    converts it (``AutoTokenizer`` with ``sentencepiece``, honouring ``tokenizer_config.json``
+    such as ``add_bos_token``); the result is kept as a ``tokenizer.json`` from then on."""
     from tokenizers import Tokenizer
 
-    path = Path(directory) / "tokenizer.json"
+    folder = Path(directory)
+    path = folder / "tokenizer.json"
     if not path.is_file():
-        raise ValueError(
-            f"{directory} has no tokenizer.json (a SentencePiece .model alone is not read yet):"
-            " convert the tokenizer with HF's tokenizers first"
-        )
+        if (folder / "tokenizer.model").is_file():
+            return _from_sentencepiece(folder)
+        raise ValueError(f"{folder} has neither tokenizer.json nor a SentencePiece tokenizer.model")
     try:
         return BPETokenizer(Tokenizer.from_file(str(path)))
     except Exception as err:
         raise ValueError(f"cannot read the tokenizer {path}: {err}") from err
+
+
+def _from_sentencepiece(folder: Path) -> BPETokenizer:
+    try:
+        import sentencepiece  # noqa: F401  (HF's converter needs it)
+    except ImportError as err:
+        raise ValueError(
+            f"{folder} ships only a SentencePiece tokenizer.model: pip install sentencepiece"
+            " protobuf to read it"
+        ) from err
+    try:
+        hf = _transformers().AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as err:
+        raise ValueError(f"cannot convert {folder / 'tokenizer.model'}: {err}") from err
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(f"{folder / 'tokenizer.model'}: HF gave no fast tokenizer to keep")
+    return BPETokenizer(backend)
 
 
 def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:

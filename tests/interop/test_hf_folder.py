@@ -177,3 +177,36 @@ def test_a_mixtral_folder_with_fused_experts_loads(tmp_path: Path) -> None:
     torch.testing.assert_close(
         logits(ours, ids, False), logits(hf, ids, True), atol=1e-5, rtol=1e-5
     )
+
+
+def test_a_sentencepiece_model_alone_gives_hfs_ids(tmp_path: Path) -> None:
+    """A Llama folder with only tokenizer.model (and tokenizer_config.json): text -> ids is
+    what HF's own tokenizer gives on a multilingual sample, BOS included, and it survives
+    conversion to an aiayn checkpoint."""
+    spm = pytest.importorskip("sentencepiece")
+    pytest.importorskip("google.protobuf")
+    from aiayn.checkpoint import load_bundle
+    from aiayn.interop.hf_folder import convert_from_hf, load_hf_tokenizer
+
+    hf = hf_model("Llama", vocab_size=128)
+    hf.save_pretrained(tmp_path / "hf")
+    text = ["Ein Hund läuft über die Wiese.", "A dog runs across the meadow.",
+            "Le chien court dans le pré.", "Zwei Männer spielen Fußball.", "東京は日本の首都です。"]  # fmt: skip
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text * 40), model_prefix=str(tmp_path / "hf" / "tokenizer"),
+        vocab_size=120, model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+        character_coverage=1.0, minloglevel=2,
+    )  # fmt: skip
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True})
+    )
+    ours = load_hf_tokenizer(tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    sample = [*text, "Hund  und Katze", "le pré, 2 chiens!", "日本の首都"]
+    for s in sample:
+        ids = theirs(s)["input_ids"]
+        assert ours.encode(s) == ids and ids[0] == 1
+        assert ours.decode(ids[1:]) == theirs.decode(ids[1:])
+    convert_from_hf(tmp_path / "hf", tmp_path / "ours")
+    again = load_bundle(tmp_path / "ours").tokenizer
+    assert all(again.encode(s) == ours.encode(s) for s in sample)
