@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint import RunDir, load_bundle
-from aiayn.data.batching import token_batches
+from aiayn.data.batching import batch_shapes
 from aiayn.data.files import data_dir
 from aiayn.device import matmul_gflops
 from aiayn.inspect.calc import translation_batch_flops
@@ -116,17 +116,13 @@ def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[fl
     pairs = encode_pairs(load_pairs(run, root, "train"), bundle.tokenizer)  # type: ignore[arg-type]
     lengths = [(len(s), len(t) - 1) for s, t in pairs]
     out: list[float] = []
-    total, epoch = 0.0, 0
-    while len(out) < run.train.max_steps:
-        for b in token_batches(
-            lengths, run.train.max_tokens or 4096, seed=run.train.seed, epoch=epoch
-        ):
-            if len(out) == run.train.max_steps:
-                break
-            s, t = max(lengths[i][0] for i in b), max(lengths[i][1] for i in b)
-            total += translation_batch_flops(c, len(b), s, t)
-            out.append(total)
-        epoch += 1
+    total = 0.0
+    steps = run.train.max_steps
+    for n, src, tgt, _ in batch_shapes(
+        lengths, run.train.max_tokens or 4096, seed=run.train.seed, batches=steps
+    ):
+        total += translation_batch_flops(c, n, src, tgt)
+        out.append(total)
     return out
 
 

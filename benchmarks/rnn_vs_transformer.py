@@ -122,20 +122,13 @@ def _plot_speed(table: dict[str, dict[str, Any]]) -> None:
 
 def _batches(run: Any, tokenizer: Any, root: Path, steps: int) -> list[tuple[int, int, int]]:
     """(sentences, source, target) of the first ``steps`` training batches, in order."""
-    from aiayn.data.batching import token_batches
+    from aiayn.data.batching import batch_shapes
     from aiayn.train.translate import encode_pairs, load_pairs
 
     pairs = encode_pairs(load_pairs(run, root, "train"), tokenizer)
     lengths = [(len(s), len(t) - 1) for s, t in pairs]
-    out: list[tuple[int, int, int]] = []
-    epoch = 0
-    while len(out) < steps:
-        for b in token_batches(lengths, run.train.max_tokens, seed=run.train.seed, epoch=epoch):
-            if len(out) == steps:
-                break
-            out.append((len(b), max(lengths[i][0] for i in b), max(lengths[i][1] for i in b)))
-        epoch += 1
-    return out
+    shapes = batch_shapes(lengths, run.train.max_tokens, seed=run.train.seed, batches=steps)
+    return [(n, src, tgt) for n, src, tgt, _ in shapes]
 
 
 def _equal_flops_steps(run: Any, config: Any, tokenizer: Any, root: Path, target: float) -> int:

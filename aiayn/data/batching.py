@@ -13,10 +13,31 @@ Shapes: B sentences, S source length, T target length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
+
+
+def batch_shapes(
+    lengths: Sequence[tuple[int, int]], max_tokens: int, *, seed: int, batches: int
+) -> Iterator[tuple[int, int, int, int]]:
+    """(sentences, padded source length, padded target length, real target tokens) of the
+    first ``batches`` batches a run draws: :func:`token_batches` of each epoch in turn, the
+    order the translation task trains on.  For counting a run's FLOPs and tokens without
+    running it."""
+    drawn, epoch = 0, 0
+    while drawn < batches:
+        epoch_batches = token_batches(lengths, max_tokens, seed=seed, epoch=epoch)
+        if not epoch_batches:
+            raise ValueError("no batches: the data is empty")
+        for b in epoch_batches:
+            if drawn == batches:
+                return
+            targets = [lengths[i][1] for i in b]
+            yield len(b), max(lengths[i][0] for i in b), max(targets), sum(targets)
+            drawn += 1
+        epoch += 1
 
 
 def token_batches(

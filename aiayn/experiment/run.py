@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint import RunDir, load_bundle, read_run
-from aiayn.data.batching import token_batches
+from aiayn.data.batching import batch_shapes
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.device import matmul_gflops
@@ -121,18 +121,13 @@ def training_flops(
     lengths = [(len(s), len(t) - 1) for s, t in pairs]
     tc = run.train
     max_tokens = tc.max_tokens or tc.batch_size * max(max(s, t) for s, t in lengths)
-    flops, tokens, steps, epoch = 0.0, 0, 0, 0
+    flops, tokens = 0.0, 0
     total = tc.max_steps * tc.grad_accum  # batches
-    while steps < total:
-        for batch in token_batches(lengths, max_tokens, seed=tc.seed, epoch=epoch):
-            if steps == total:
-                break
-            source = max(lengths[i][0] for i in batch)
-            target = max(lengths[i][1] for i in batch)
-            flops += translation_batch_flops(model_config, len(batch), source, target)
-            tokens += sum(lengths[i][1] for i in batch)
-            steps += 1
-        epoch += 1
+    for sentences, source, target, real in batch_shapes(
+        lengths, max_tokens, seed=tc.seed, batches=total
+    ):
+        flops += translation_batch_flops(model_config, sentences, source, target)
+        tokens += real
     return flops, tokens
 
 
