@@ -117,14 +117,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         batching=not args.no_batching,
         start_engine=False,
+        context=args.context,
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
     )
-    http = threading.Thread(target=server.run, name="aiayn-http", daemon=True)
-    http.start()
-    print(f"serving {bundle.directory} on http://{args.host}:{args.port}/", file=sys.stderr)
     engine = app.state.engine
+
+    def http_server() -> None:
+        try:
+            server.run()
+        finally:  # uvicorn gave up (a port in use exits its thread): stop the engine too
+            if engine is not None:
+                engine.stop(wait=False)
+
+    http = threading.Thread(target=http_server, name="aiayn-http", daemon=True)
+    http.start()
+    while not server.started and http.is_alive():
+        http.join(0.05)
+    if not server.started:
+        raise OSError(f"could not serve on {args.host}:{args.port} (see the message above)")
+    pool = "" if engine is None else f", KV pool {engine.pool.nbytes() / 2**20:.0f} MiB"
+    print(f"serving {bundle.directory} on http://{args.host}:{args.port}/{pool}", file=sys.stderr)
     try:
         if engine is None:  # translation: requests run on the server's worker threads
             while http.is_alive():
@@ -132,12 +146,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             engine.run()  # until Ctrl-C
     except KeyboardInterrupt:
-        print("aiayn serve: stopped", file=sys.stderr)
+        pass
     finally:
         server.should_exit = True
         if engine is not None:
             engine.stop()
         http.join(30)
+        print("aiayn serve: stopped", file=sys.stderr)
     return 0
 
 
@@ -187,6 +202,11 @@ def cmd_fill_mask(args: argparse.Namespace) -> int:
     from aiayn.generate.encoder import fill_mask
 
     model, tokenizer = _load_encoder(args.checkpoint, _device(args))
+    if model.head is None:
+        raise ValueError(
+            f"{args.checkpoint} has no masked-LM head (a BertModel): fill-mask needs the weights"
+            " of a BertForMaskedLM or BertForPreTraining"
+        )
     guesses = fill_mask(model, tokenizer, args.text, top_k=args.top_k)
     if args.json:
         print(json.dumps([[g.__dict__ for g in mask] for mask in guesses]))
@@ -803,8 +823,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="the model name in responses (default: run folder)")
     p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (KV rows)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (429)")
-    p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: max_len - 1")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default: max_len")
+    p.add_argument(
+        "--context", type=int, default=None,
+        help="prompt + completion tokens per request; each KV row holds this many"
+        " (default: the model's max_len, at most 4096)",
+    )  # fmt: skip
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: context - 1")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: context")
     p.add_argument(
         "--prefill-chunk", type=int, default=128, help="prompt tokens per step (chunked prefill)"
     )

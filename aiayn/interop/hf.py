@@ -375,14 +375,20 @@ def from_hf_mistral(hf_model: Any) -> DecoderLM:
 def from_hf_mixtral(hf_model: Any) -> DecoderLM:
     """A ``MixtralForCausalLM`` (Mistral with a mixture of experts) as a :class:`DecoderLM`."""
     config = config_from_llama(hf_model.config, "Mixtral")
-    return _from_hf(hf_model, config, _llama_names(config, "fused"), "Mixtral")
+    return _from_hf(hf_model, config, _llama_names(config, _experts_layout(hf_model)), "Mixtral")
 
 
 def to_hf_mixtral(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
     """A ``MixtralForCausalLM`` with ``model``'s weights."""
     hf_config = _llama_config(model.config, attn_implementation, "Mixtral")
     hf_model = _transformers().MixtralForCausalLM(hf_config)
-    return _to_hf(model, hf_model, _llama_names(model.config, "fused"), "Mixtral")
+    return _to_hf(model, hf_model, _llama_names(model.config, _experts_layout(hf_model)), "Mixtral")
+
+
+def _experts_layout(hf_model: nn.Module) -> str:
+    """transformers 5 fuses Mixtral's experts; 4.x keeps one module per expert."""
+    per_expert = any(".block_sparse_moe." in n for n, _ in hf_model.named_parameters())
+    return "per-expert" if per_expert else "fused"
 
 
 def from_hf_qwen2(hf_model: Any) -> DecoderLM:

@@ -103,14 +103,30 @@ def is_hf_folder(directory: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path]]:
-    """(family, aiayn config, name map, HF tensor name -> file) of an HF folder."""
+def _modern(name: str) -> str:
+    """BERT checkpoints converted from TensorFlow name LayerNorm's weight and bias gamma and
+    beta (bert-base-uncased does); HF renames them when loading, and so does this."""
+    for old, new in (
+        (".LayerNorm.gamma", ".LayerNorm.weight"),
+        (".LayerNorm.beta", ".LayerNorm.bias"),
+    ):
+        if name.endswith(old):
+            return name[: -len(old)] + new
+    return name
+
+
+def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path], dict[str, str]]:
+    """(family, aiayn config, name map, HF tensor name -> file, HF name -> the name stored in
+    the file where they differ) of an HF folder."""
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
     hf_config = _transformers().AutoConfig.from_pretrained(str(folder), local_files_only=True)
     family = _family_of(getattr(hf_config, "model_type", None))
     files = _weight_files(folder)
+    stored_as: dict[str, str] = {}
     if family == "BERT":
+        stored_as = {_modern(n): n for n in files if _modern(n) != n}
+        files = {_modern(n): p for n, p in files.items()}
         prefix = "bert." if any(n.startswith("bert.") for n in files) else ""
         config = config_from_bert(
             hf_config,
@@ -121,16 +137,16 @@ def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path]]:
         if config.tie_embeddings:  # a stored copy of the tied decoder is the embedding table
             ignored |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
         files = {n: p for n, p in files.items() if n not in ignored}
-        return family, config, bert_names(config, prefix), files
+        return family, config, bert_names(config, prefix), files, stored_as
     if family == "GPT-2":
         config = config_from_gpt2(hf_config)
-        return family, config, _gpt2_names(config), files
+        return family, config, _gpt2_names(config), files, stored_as
     config = config_from_llama(hf_config, family)
     if family != "Mixtral":
-        return family, config, _llama_names(config), files
+        return family, config, _llama_names(config), files, stored_as
     # The Hub's Mixtral checkpoints keep one w1/w2/w3 per expert; transformers 5 saves fused.
-    per_expert = any(".block_sparse_moe." in n for n in files)
-    return family, config, _llama_names(config, "per-expert" if per_expert else "fused"), files
+    layout = "per-expert" if any(".block_sparse_moe." in n for n in files) else "fused"
+    return family, config, _llama_names(config, layout), files, stored_as
 
 
 def read_hf_config(directory: str | os.PathLike[str]) -> ModelConfig:
@@ -141,8 +157,12 @@ def read_hf_config(directory: str | os.PathLike[str]) -> ModelConfig:
 def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
     """An aiayn model from a Hugging Face checkpoint folder (see the module docstring): a
     :class:`DecoderLM`, or an :class:`EncoderLM` for BERT."""
-    family, config, names, files = _plan(Path(directory))
+    family, config, names, files, stored_as = _plan(Path(directory))
     headers = {path: _header(path) for path in set(files.values())}
+    for name, original in stored_as.items():  # gamma -> weight, beta -> bias
+        header = headers[files[name]][1]
+        if original in header:
+            header[name] = header.pop(original)
     dtype = _stored_dtype(files, headers)
     with _parameters_on_meta():
         model: TransformerModel = EncoderLM(config) if family == "BERT" else DecoderLM(config)
@@ -183,14 +203,20 @@ def _header(path: Path) -> tuple[int, dict[str, Any]]:
 def _stored_dtype(
     files: dict[str, Path], headers: dict[Path, tuple[int, dict[str, Any]]]
 ) -> torch.dtype:
-    """The floating dtype of the stored weights (bf16 stays bf16)."""
-    name, path = next(iter(files.items()))
-    code = headers[path][1][name]["dtype"]
-    if code not in _DTYPES:
-        raise ValueError(
-            f"tensor {name} in {path} has dtype {code}: expected one of {list(_DTYPES)}"
-        )
-    return _DTYPES[code]
+    """The floating dtype most of the stored weights have (bf16 stays bf16); buffers and
+    integer tensors do not count."""
+    size: dict[torch.dtype, int] = {}
+    for name, path in files.items():
+        meta = headers[path][1].get(name)
+        if meta is None:
+            raise ValueError(f"{path.name} does not hold {name}, which its index names")
+        dtype = _DTYPES.get(meta["dtype"])
+        if dtype is not None and not name.endswith(IGNORED_SUFFIXES):
+            begin, end = meta["data_offsets"]
+            size[dtype] = size.get(dtype, 0) + end - begin
+    if not size:
+        raise ValueError(f"no floating-point weights stored (expected one of {list(_DTYPES)})")
+    return max(size, key=lambda d: size[d])
 
 
 @contextmanager

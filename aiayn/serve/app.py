@@ -34,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
@@ -70,7 +71,7 @@ class CompletionBody(BaseModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Field(ge=1)] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     stream: bool = False
     n: Annotated[int, Field(ge=1, le=1)] = 1
 
@@ -129,14 +130,20 @@ def create_app(
     prefill_chunk: int = 128,
     batching: bool = True,
     start_engine: bool = True,
+    context: int | None = None,
 ) -> FastAPI:
     """The app serving ``model``.  Its engine (``app.state.engine``; None for translation)
     starts with the app and stops with it, on a thread of its own -- unless ``start_engine``
     is False: then the caller runs ``engine.run()`` (``aiayn serve`` does, in the main
-    thread)."""
+    thread).  ``context`` is the longest prompt + completion a request may have: every KV
+    row of the pool holds that many positions (default: the model's max_len, at most 4,096)."""
     engine: Engine | None = None
     translator: _Translator | None = None
-    max_len = model.config.max_len
+    max_len = min(model.config.max_len, context or 4096)
+    if context is not None and not 2 <= context <= model.config.max_len:
+        raise ValueError(
+            f"context={context}: expected 2 to the model's max_len={model.config.max_len}"
+        )
     if isinstance(model, DecoderLM):
         engine = Engine(
             model,
@@ -146,6 +153,7 @@ def create_app(
             prefill_chunk=prefill_chunk,
             eos_id=eos_id(tokenizer),
             batching=batching,
+            context=max_len,
         )
     elif isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer):
         translator = _Translator(model, tokenizer, max_queue)
@@ -232,12 +240,15 @@ def create_app(
             raise APIError(400, "prompt: empty (it must have at least one token)")
         if len(ids) > prompt_limit:
             raise APIError(400, f"prompt: {len(ids)} tokens; this server takes at most"
-                                f" {prompt_limit} (max_prompt_tokens, model max_len={max_len})")  # fmt: skip
+                                f" {prompt_limit} (max_prompt_tokens; context {max_len})")  # fmt: skip
         if body.max_tokens > new_limit:
             raise APIError(400, f"max_tokens={body.max_tokens}: at most {new_limit}")
         if len(ids) + body.max_tokens > max_len:
             raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({body.max_tokens})"
-                                f" exceed the model's context of {max_len} tokens")  # fmt: skip
+                                f" exceed the context of {max_len} tokens")  # fmt: skip
+        vocab = model.config.vocab_size
+        if body.top_k is not None and body.top_k > vocab:
+            raise APIError(400, f"top_k={body.top_k}: the vocabulary has {vocab} tokens")
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stops) > 4 or any(not s for s in stops):
             raise APIError(400, "stop: up to 4 non-empty strings")
@@ -280,7 +291,11 @@ def create_app(
                 finally:
                     request.cancel()  # a no-op once finished; frees the row if the client left
 
-            return StreamingResponse(sse(), media_type="text/event-stream")
+            # The cancel also runs as a background task: a client gone before the first event
+            # never enters sse()'s finally.
+            return StreamingResponse(
+                sse(), media_type="text/event-stream", background=BackgroundTask(request.cancel)
+            )
 
         try:
             while True:

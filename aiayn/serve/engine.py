@@ -60,7 +60,7 @@ class Event:
     finish_reason: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # requests are compared by identity (in lists, queues)
 class Request:
     """One completion: the prompt's ids and how to continue it.  ``emit`` receives the
     :class:`Event` s, on the engine's thread."""
@@ -116,6 +116,7 @@ class Engine:
         prefill_chunk: int = 128,
         eos_id: int | None = None,
         batching: bool = True,
+        context: int | None = None,
     ) -> None:
         if prefill_chunk < 1 or max_batch < 1 or max_queue < 0:
             raise ValueError(
@@ -127,7 +128,7 @@ class Engine:
         self.decode, self.eos_id, self.prefill_chunk = decode, eos_id, prefill_chunk
         self.max_batch = max_batch if batching else 1
         self.max_queue = max_queue
-        self.pool = SlotPool(model, self.max_batch)
+        self.pool = SlotPool(model, self.max_batch, context)  # rows of `context` positions
         self.device = next(model.parameters()).device
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
@@ -179,11 +180,13 @@ class Engine:
         with suppress(KeyboardInterrupt):
             self._loop()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """End the loop (the requests still in it hear an error) and, with ``wait``, wait for
+        it."""
         with self.lock:
             self.stopping = True
             self.lock.notify()
-        if self.thread is not None and self.thread is not threading.current_thread():
+        if wait and self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join()
 
     def gauges(self) -> dict[str, float]:
@@ -217,7 +220,9 @@ class Engine:
                             self.lock.wait()
                         if self.stopping:
                             break
-                        self._admit()
+                        ended = self._admit()
+                    for r, reason, error in ended:
+                        self._finish(r, reason, error)
                     self._prefill_chunk()
                     self._decode_step()
         except KeyboardInterrupt:
@@ -236,28 +241,36 @@ class Engine:
                 if r.finish_reason is None:
                     self._finish(r, None, error="the server is shutting down")
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[tuple[Request, str | None, str | None]]:
         """Move waiting requests to prefill, one at a time (the prefilling row must not sit
-        where the running rows grow: it joins them at the end of its prefill)."""
+        where the running rows grow: it joins them at the end of its prefill).  Called under
+        the lock; returns the requests that end here (cancelled, or their setup failed), to be
+        told outside it."""
+        ended: list[tuple[Request, str | None, str | None]] = []
         for r in [r for r in self.waiting if r.cancelled]:
             self.waiting.remove(r)
-            self._finish(r, "cancelled")
+            ended.append((r, "cancelled", None))
         while self.waiting and self.free_rows and not self.prefilling:
             r = self.waiting.popleft()
+            try:
+                if r.seed is not None:
+                    r.generator = torch.Generator(device=self.device).manual_seed(r.seed)
+                if r.sampling.repetition_penalty != 1.0:
+                    r.seen = torch.zeros(1, self.model.config.vocab_size, dtype=torch.bool)
+                    r.seen[0, r.prompt] = True
+            except Exception as err:  # a bad seed or token id: this request fails alone
+                ended.append((r, None, f"{type(err).__name__}: {err}"))
+                continue
             r.row = self.free_rows.pop()
             self.pool.lengths[r.row] = 0
             r.cache = self.pool.row_cache(r.row)
-            if r.seed is not None:
-                r.generator = torch.Generator(device=self.device).manual_seed(r.seed)
-            if r.sampling.repetition_penalty != 1.0:
-                r.seen = torch.zeros(1, self.model.config.vocab_size, dtype=torch.bool)
-                r.seen[0, r.prompt] = True
             self.prefilling.append(r)
+        return ended
 
     def _prefill_chunk(self) -> None:
         """One chunk of the oldest prefilling request's prompt into its row."""
         while self.prefilling and self.prefilling[0].cancelled:
-            self._release(self.prefilling.popleft(), "cancelled")
+            self._release(self.prefilling[0], "cancelled")  # frees its row
         if not self.prefilling:
             return
         r = self.prefilling[0]
@@ -340,11 +353,10 @@ class Engine:
         if self.eos_id is not None and token == self.eos_id:
             reason, text = "stop", self.decode(r.tokens[:-1])
         else:
-            for s in r.stop:
-                at = text.find(s, max(0, len(r.text) - len(s)))
-                if at >= 0:
-                    reason, text = "stop", text[:at]
-                    break
+            found = [text.find(s, max(0, len(r.text) - len(s))) for s in r.stop]
+            found = [at for at in found if at >= 0]
+            if found:  # the earliest stop string in the text, whichever is listed first
+                reason, text = "stop", text[: min(found)]
         if reason is None and len(r.tokens) >= r.max_new_tokens:
             reason = "length"
         if reason is None and len(r.prompt) + len(r.tokens) >= self.pool.capacity:

@@ -211,3 +211,31 @@ def test_embed_and_fill_mask_on_an_hf_folder_equal_hf(tmp_path, capsys) -> None:
 
         bundle = load_checkpoint(tmp_path / "hf")
         fill_mask(bundle.model, bundle.tokenizer, "no mask here")  # type: ignore[arg-type]
+
+
+def test_layernorm_gamma_and_beta_names_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Checkpoints converted from TensorFlow (bert-base-uncased) store LayerNorm.gamma/beta."""
+    from safetensors.torch import save_file
+
+    from aiayn.interop.hf_folder import load_hf_folder
+
+    torch.manual_seed(0)
+    hf = transformers.BertForMaskedLM(bert_config()).eval()
+    folder = tmp_path / "tf-names"
+    folder.mkdir()
+    hf.config.save_pretrained(folder)
+    old = {}
+    for n, t in hf.state_dict().items():
+        n = n.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        )
+        old[n] = t.contiguous()
+    for tied in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"):
+        old.pop(tied, None)  # shared with the word embeddings and cls.predictions.bias
+    assert "bert.embeddings.LayerNorm.gamma" in old
+    save_file(old, str(folder / "model.safetensors"))
+    ids, types, mask = inputs()
+    with torch.no_grad():
+        want = hf(input_ids=ids, token_type_ids=types, attention_mask=mask.long()).logits
+        got = load_hf_folder(folder)(ids, attention_mask=mask, token_type_ids=types)
+    torch.testing.assert_close(got[mask], want[mask], **TOL)

@@ -210,3 +210,24 @@ def test_a_sentencepiece_model_alone_gives_hfs_ids(tmp_path: Path) -> None:
     convert_from_hf(tmp_path / "hf", tmp_path / "ours")
     again = load_bundle(tmp_path / "ours").tokenizer
     assert all(again.encode(s) == ours.encode(s) for s in sample)
+
+
+def test_integer_buffers_do_not_set_the_dtype(tmp_path: Path) -> None:
+    """Older GPT-2 files carry uint8 causal-mask buffers (h.i.attn.bias): skipped, and the
+    weights' dtype is the one most bytes have."""
+    from safetensors.torch import save_file
+
+    hf = hf_model("GPT2")
+    folder = tmp_path / "old"
+    folder.mkdir()
+    hf.config.save_pretrained(folder)
+    state = {n: t.contiguous() for n, t in hf.state_dict().items() if n != "lm_head.weight"}
+    state["transformer.h.0.attn.bias"] = torch.ones(1, 1, 32, 32, dtype=torch.uint8)
+    state["transformer.h.1.attn.bias"] = torch.ones(1, 1, 32, 32, dtype=torch.uint8)
+    save_file(state, str(folder / "model.safetensors"))
+    ours = load_hf_folder(folder)
+    assert next(ours.parameters()).dtype == torch.float32
+    ids = torch.randint(0, VOCAB, (2, 20))
+    torch.testing.assert_close(
+        logits(ours, ids, False), logits(hf, ids, True), atol=1e-5, rtol=1e-5
+    )

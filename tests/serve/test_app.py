@@ -113,7 +113,7 @@ def test_stop_and_seed() -> None:
     ("body", "status", "message"),
     [
         ({"prompt": "a" * 96, "max_tokens": 1}, 400, "96 tokens; this server takes at most 95"),
-        ({"prompt": "a" * 90, "max_tokens": 10}, 400, "exceed the model's context of 96"),
+        ({"prompt": "a" * 90, "max_tokens": 10}, 400, "exceed the context of 96"),
         ({"prompt": "a", "max_tokens": 97}, 400, "max_tokens=97: at most 96"),
         ({"prompt": "", "max_tokens": 1}, 400, "prompt: empty"),
         ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
@@ -121,6 +121,8 @@ def test_stop_and_seed() -> None:
         ({"prompt": "a", "top_p": 0}, 400, "top_p"),
         ({"prompt": "a", "stop": [""]}, 400, "stop"),
         ({"max_tokens": 1}, 400, "prompt"),
+        ({"prompt": "a", "seed": 2**64}, 400, "seed"),
+        ({"prompt": "a", "top_k": 1000}, 400, "top_k=1000: the vocabulary has"),
     ],
 )
 def test_bad_requests_get_a_clear_400(body: dict, status: int, message: str) -> None:
@@ -297,3 +299,24 @@ def test_a_bpe_checkpoint_stops_at_its_end_of_text_token() -> None:
         assert r["choices"][0]["finish_reason"] == "stop"
         assert r["choices"][0]["text"] == tok.decode(plain[:1])
         assert r["usage"]["completion_tokens"] == 2
+
+
+def test_serve_exits_with_an_error_when_its_port_is_taken(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+    import subprocess
+    import sys
+
+    from aiayn.checkpoint import save
+    from aiayn.checkpoint.bundle import TOKENIZER_FILE
+
+    m, tok = lm_and_tokenizer()
+    save(m, tmp_path / "ckpt")
+    tok.save(tmp_path / "ckpt" / TOKENIZER_FILE)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(tmp_path / "ckpt"),
+               "--port", str(port), "--log-level", "critical"]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"could not serve on 127.0.0.1:{port}" in done.stderr

@@ -215,3 +215,52 @@ def test_a_full_queue_is_refused() -> None:
         engine.submit(Request([1], 1))
     release.set()
     engine.stop()
+
+
+def test_a_request_cancelled_in_prefill_gives_its_row_back() -> None:
+    """Cancelled after the first of 26 prefill chunks: its row is free again at once, and the
+    next request decodes in it."""
+    m = lm()
+    engine = Engine(m, decode, max_batch=1, prefill_chunk=2)
+    got = Collector()
+    first = Request(list(range(26)) * 2, 5, GREEDY, emit=got.sink(0))
+    chunks = 0
+    read_chunk = engine._prefill_chunk
+
+    def cancel_after_one() -> None:
+        nonlocal chunks
+        chunks += 1
+        if chunks == 2:
+            first.cancel()
+        read_chunk()
+
+    engine._prefill_chunk = cancel_after_one  # type: ignore[method-assign]
+    engine.submit(first)
+    engine.start()
+    got.wait()
+    assert first.finish_reason == "cancelled" and not first.tokens and first.prefilled == 2
+    later = Request([1, 2], 4, GREEDY, emit=got.sink(1))
+    engine.submit(later)
+    got.wait(timeout=30)
+    engine.stop()
+    assert later.tokens == generate(m, [[1, 2]], max_new_tokens=4, sampling=GREEDY)[0]
+    assert engine.free_rows == [0]
+
+
+def test_a_bad_seed_fails_alone_and_the_earliest_stop_string_wins() -> None:
+    m = lm()
+    p = prompts(1, seed=8)[0]  # its greedy text: 12 n, then k
+    full = decode(generate(m, [p], max_new_tokens=30, sampling=GREEDY)[0])
+    later, earlier = full[12:14], full[10:13]  # listed first, but found second
+    assert full.find(later) == 12 and full.find(earlier) == 10
+    engine = Engine(m, decode).start()
+    got = Collector()
+    bad = Request(p, 5, SamplingConfig(temperature=1.0), seed=2**64, emit=got.sink(0))
+    good = Request(p, 30, GREEDY, stop=[later, earlier], emit=got.sink(1))
+    engine.submit(bad)
+    engine.submit(good)
+    got.wait()
+    assert got.events[0][-1].kind == "error" and "Overflow" in got.events[0][-1].text
+    assert good.text == full[:10] and good.finish_reason == "stop"
+    assert engine.alive
+    engine.stop()
