@@ -34,6 +34,12 @@ def _encoded(tokenizer: Tokenizer, text: str, limit: int, truncate: bool, number
                 f"text {number} has {len(ids)} tokens; the model reads at most {limit}"
                 " (pass truncate=True / --truncate to keep its beginning)"
             )
+        if isinstance(tokenizer, BPETokenizer):  # HF's truncation: special tokens ([SEP]) stay
+            from tokenizers import Tokenizer
+
+            cut = Tokenizer.from_str(tokenizer.tok.to_str())
+            cut.enable_truncation(limit)
+            return list(cut.encode(text).ids)
         ids = ids[:limit]
     return ids
 

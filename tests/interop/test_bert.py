@@ -239,3 +239,27 @@ def test_layernorm_gamma_and_beta_names_load(tmp_path) -> None:  # type: ignore[
         want = hf(input_ids=ids, token_type_ids=types, attention_mask=mask.long()).logits
         got = load_hf_folder(folder)(ids, attention_mask=mask, token_type_ids=types)
     torch.testing.assert_close(got[mask], want[mask], **TOL)
+
+
+def test_truncated_texts_keep_their_sep_as_hf_truncates(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from aiayn.generate.encoder import sentence_embeddings
+    from aiayn.interop.hf_folder import load_checkpoint
+
+    torch.manual_seed(0)
+    hf = transformers.BertModel(bert_config(max_position_embeddings=12)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    wordpiece(tmp_path / "hf")
+    bundle = load_checkpoint(tmp_path / "hf")
+    text = "Ein Hund läuft über die Wiese und zwei Männer spielen Fußball im Park."
+    with pytest.raises(ValueError, match="at most 12"):
+        sentence_embeddings(bundle.model, bundle.tokenizer, [text])  # type: ignore[arg-type]
+    got = sentence_embeddings(bundle.model, bundle.tokenizer, [text], truncate=True)  # type: ignore[arg-type]
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "hf" / "tokenizer.json")
+    )
+    batch = fast([text], truncation=True, max_length=12, return_tensors="pt")
+    assert fast.convert_ids_to_tokens(batch["input_ids"][0])[-1] == "[SEP]"
+    with torch.no_grad():
+        hidden = hf(**batch).last_hidden_state
+    want = torch.nn.functional.normalize(hidden.mean(1), dim=-1)
+    torch.testing.assert_close(got, want, **TOL)
