@@ -390,10 +390,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not args.checkpoint:
         raise ValueError("--to-hf needs --checkpoint (the aiayn checkpoint to export)")
     bundle = load_bundle(args.checkpoint)
-    if not isinstance(bundle.model, DecoderLM | EncoderLM):
-        raise ValueError(
-            f"{args.checkpoint}: decoder-only models and BERT encoders export to HF folders"
-        )
+    if not isinstance(bundle.model, DecoderLM | EncoderLM | EncoderDecoder):
+        raise ValueError(f"{args.checkpoint}: a {type(bundle.model).__name__} has no HF layout")
     tok = bundle.tokenizer if isinstance(bundle.tokenizer, BPETokenizer) else None
     path = save_hf_folder(bundle.model, args.out, args.to_hf, tokenizer=tok)
     print(f"wrote the Hugging Face folder {path}")
@@ -750,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-hf", metavar="DIR", help="an HF folder (config.json, safetensors)")
     way.add_argument(
-        "--to-hf", metavar="FAMILY", choices=["gpt2", "llama", "mistral", "qwen2", "mixtral", "bert"],
+        "--to-hf", metavar="FAMILY", choices=["gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "marian"],
         help="write --checkpoint as this HF family",
     )  # fmt: skip
     p.add_argument("--checkpoint", help="the aiayn checkpoint to export (with --to-hf)")

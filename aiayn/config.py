@@ -149,6 +149,8 @@ class ModelConfig:
     # (a BertModel, e.g. for sentence embeddings, has none).
     type_vocab_size: int = 0
     embedding_norm: bool = False
+    # A bias on the output projection to the vocabulary (Marian's final_logits_bias).
+    head_bias: bool = False
     pooler: bool = False
     mlm_head: bool = True
     # Initial weights.  "xavier": Glorot-uniform matrices, the lineage of the paper's code
@@ -295,6 +297,8 @@ class ModelConfig:
             isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0
         ):
             raise _fail("type_vocab_size", self.type_vocab_size, "an integer >= 0")
+        if self.arch == "encoder" and self.head_bias:
+            raise _fail("head_bias", True, "False for arch='encoder' (its masked-LM head has one)")
         if self.arch != "encoder":
             for name, off in (("type_vocab_size", 0), ("pooler", False), ("mlm_head", True)):
                 if getattr(self, name) != off:

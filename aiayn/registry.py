@@ -34,6 +34,7 @@ REGISTRY: dict[str, dict[str, str | Any]] = {
         "relu": "aiayn.nn.feedforward:relu_ffn",
         "gelu": "aiayn.nn.feedforward:gelu_ffn",
         "gelu_tanh": "aiayn.nn.feedforward:gelu_tanh_ffn",
+        "silu": "aiayn.nn.feedforward:silu_ffn",
         "swiglu": "aiayn.nn.feedforward:GatedFeedForward",
     },
     # functions with the aiayn.nn.attention.Backend signature

@@ -232,7 +232,7 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
         head = (d * d + d + _norm(c, True) + projection + v) if c.mlm_head else 0
         head += d * d + d if c.pooler else 0
     else:
-        head = projection
+        head = projection + (v if c.head_bias else 0)
     return ParameterBreakdown(
         embeddings=tokens + positions,
         attention=attention,

@@ -313,8 +313,17 @@ def split_index(name: str) -> tuple[str, int | None]:
 
 
 @torch.no_grad()
-def _copy(ours: nn.Module, hf: nn.Module, names: NameMap, *, to_hf: bool, family: str) -> None:
-    """Copy every mapped weight (HF -> ours, or ours -> HF if ``to_hf``); strict both sides."""
+def _copy(
+    ours: nn.Module,
+    hf: nn.Module,
+    names: NameMap,
+    *,
+    to_hf: bool,
+    family: str,
+    elsewhere: frozenset[str] = frozenset(),
+) -> None:
+    """Copy every mapped weight (HF -> ours, or ours -> HF if ``to_hf``); strict both sides,
+    except for our parameters ``elsewhere`` (filled from an HF buffer by the caller)."""
     mine, stored = dict(ours.named_parameters()), dict(hf.named_parameters())  # tied: once
     theirs: dict[str, Tensor] = {}
     for _, hs, _ in names:
@@ -323,7 +332,7 @@ def _copy(ours: nn.Module, hf: nn.Module, names: NameMap, *, to_hf: bool, family
             if base in stored:
                 theirs[h] = stored[base] if index is None else stored[base][index]
     for side, params, mapped in (
-        ("aiayn", mine, {o for o, _, _ in names}),
+        ("aiayn", mine, {o for o, _, _ in names} | set(elsewhere)),
         (family, stored, {split_index(h)[0] for _, hs, _ in names for h in hs}),
     ):
         if set(params) != mapped:

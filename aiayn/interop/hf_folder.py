@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,14 +51,15 @@ from aiayn.interop.hf import (
     config_from_llama,
     split_index,
 )
-from aiayn.models import EncoderLM, TransformerModel
+from aiayn.interop.marian import _marian_config, config_from_marian, marian_names, marian_positions
+from aiayn.models import EncoderDecoder, EncoderLM, TransformerModel
 from aiayn.models.decoder import DecoderLM
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 FAMILIES = {
     "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
-    "mixtral": "Mixtral", "bert": "BERT",
+    "mixtral": "Mixtral", "bert": "BERT", "marian": "Marian",
 }  # fmt: skip
 # Buffers older checkpoints carry (GPT-2's causal masks, BERT's position ids), not weights:
 # skipped when present.
@@ -138,6 +139,15 @@ def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path], dic
             ignored |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
         files = {n: p for n, p in files.items() if n not in ignored}
         return family, config, bert_names(config, prefix), files, stored_as
+    if family == "Marian":
+        config = config_from_marian(hf_config)
+        tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                "lm_head.weight")  # copies of model.shared  # fmt: skip
+        files = {n: p for n, p in files.items() if n not in tied}
+        names = [*marian_names(config), ("head.bias", ("final_logits_bias[0]",), False)]
+        # The sinusoid tables are often not stored: they are computed when absent.
+        names = [n for n in names if "embed_positions" not in n[1][0] or n[1][0] in files]
+        return family, config, names, files, stored_as
     if family == "GPT-2":
         config = config_from_gpt2(hf_config)
         return family, config, _gpt2_names(config), files, stored_as
@@ -165,9 +175,24 @@ def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
             header[name] = header.pop(original)
     dtype = _stored_dtype(files, headers)
     with _parameters_on_meta():
-        model: TransformerModel = EncoderLM(config) if family == "BERT" else DecoderLM(config)
+        model: TransformerModel
+        if family == "BERT":
+            model = EncoderLM(config)
+        elif family == "Marian":
+            model = EncoderDecoder(config)
+        else:
+            model = DecoderLM(config)
     _materialize(model, dtype)
-    _fill(model, names, files, headers, family)
+    computed = set()
+    if family == "Marian":  # position tables the folder leaves out are Marian's sinusoids
+        mapped = {o for o, _, _ in names}
+        params = dict(model.named_parameters())
+        for ours in ("src_embed.positions.weight", "tgt_embed.positions.weight"):
+            if ours not in mapped:
+                with torch.no_grad():
+                    params[ours].copy_(marian_positions(*params[ours].shape))
+                computed.add(ours)
+    _fill(model, names, files, headers, family, computed)
     return model.eval()
 
 
@@ -259,6 +284,7 @@ def _fill(
     files: dict[str, Path],
     headers: dict[Path, tuple[int, dict[str, Any]]],
     family: str,
+    computed: Collection[str] = (),
 ) -> None:
     params = dict(model.named_parameters())  # tied tensors appear once
     wanted = {split_index(h)[0] for _, hs, _ in names for h in hs}
@@ -269,7 +295,7 @@ def _fill(
             f"{family} checkpoint does not match its config: tensors not expected {extra[:8]},"
             f" tensors missing {missing[:8]}"
         )
-    unmapped = sorted(set(params) - {o for o, _, _ in names})
+    unmapped = sorted(set(params) - {o for o, _, _ in names} - set(computed))
     if unmapped:
         raise ValueError(f"{family} checkpoint leaves aiayn weights unfilled: {unmapped[:8]}")
     handles: dict[Path, Any] = {}
@@ -390,7 +416,11 @@ def save_hf_folder(
     "mistral", "qwen2", "mixtral", "bert"), atomically; shards of at most ``max_shard_bytes`` with an
     index, and the tokenizer as ``tokenizer.json`` when given."""
     name = _family_of(family)
-    if name == "BERT":
+    if name == "Marian":
+        hf_config = _marian_config(model.config, None)
+        names = [*marian_names(model.config), ("head.bias", ("final_logits_bias[0]",), False)]
+        architecture = "MarianMTModel"
+    elif name == "BERT":
         hf_config = _bert_config(model.config, None)
         prefix = "bert." if model.config.mlm_head else ""
         names = bert_names(model.config, prefix)
@@ -412,6 +442,12 @@ def save_hf_folder(
         sizes = _split_sizes(model, ours, len(hf_names))
         for h, part in zip(hf_names, whole.split(sizes, dim=0), strict=True):
             tensors[h] = (part.t() if transposed else part).contiguous().cpu()
+    indexed: dict[str, dict[int, torch.Tensor]] = {}
+    for h in [h for h in tensors if h.endswith("]")]:  # slices of one HF tensor: stack them
+        base, index = split_index(h)
+        indexed.setdefault(base, {})[int(index or 0)] = tensors.pop(h)
+    for base, parts in indexed.items():
+        tensors[base] = torch.stack([parts[i] for i in sorted(parts)]).contiguous()
     stored = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     major = int(_transformers().__version__.split(".")[0])
     setattr(hf_config, "dtype" if major >= 5 else "torch_dtype", stored)  # renamed in 5.0

@@ -109,6 +109,7 @@ class TransformerModel(nn.Module):
             x,
             head.weight,
             targets,
+            bias=head.bias,
             ignore_index=ignore_index,
             label_smoothing=label_smoothing,
         )

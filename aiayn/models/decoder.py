@@ -34,7 +34,7 @@ class DecoderLM(TransformerModel):
         self.cache_layers = c.n_layers
         self.embed = Embeddings(c, c.vocab_size)
         self.decoder = Stack(c, c.n_layers)
-        self.head = Linear(c.d_model, c.vocab_size, bias=False)
+        self.head = Linear(c.d_model, c.vocab_size, bias=c.head_bias)
         self.init_weights()
         if c.tie_embeddings:
             self.head.weight = self.embed.token.weight

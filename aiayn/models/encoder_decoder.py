@@ -35,7 +35,7 @@ class EncoderDecoder(TransformerModel):
         self.tgt_embed = Embeddings(c, c.vocab_size)
         self.encoder = Stack(c, c.n_layers, stream="encoder")
         self.decoder = Stack(c, c.decoder_layers, cross=True, stream="decoder")
-        self.head = Linear(c.d_model, c.vocab_size, bias=False)
+        self.head = Linear(c.d_model, c.vocab_size, bias=c.head_bias)
         self.init_weights()
         if c.tie_embeddings:  # three-way tying, §3.4
             self.tgt_embed.token = self.src_embed.token

@@ -59,6 +59,11 @@ def gelu_ffn(d_model: int, d_ff: int, bias: bool = True) -> FeedForward:
     return FeedForward(d_model, d_ff, F.gelu, bias)
 
 
+def silu_ffn(d_model: int, d_ff: int, bias: bool = True) -> FeedForward:
+    """SiLU ("swish"), ungated: Marian's feed-forward."""
+    return FeedForward(d_model, d_ff, F.silu, bias)
+
+
 def gelu_tanh_ffn(d_model: int, d_ff: int, bias: bool = True) -> FeedForward:
     """GPT-2's GELU (tanh approximation)."""
     return FeedForward(d_model, d_ff, partial(F.gelu, approximate="tanh"), bias)

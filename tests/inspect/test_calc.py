@@ -88,6 +88,8 @@ def _variants() -> list[ModelConfig]:
         base.replace(arch="encoder", type_vocab_size=2, embedding_norm=True, pooler=True),
         base.replace(arch="encoder", pooler=True, mlm_head=False, tie_embeddings=False),
         base.replace(embedding_norm=True, positional="learned"),  # two stacks, two norms
+        base.replace(head_bias=True, activation="silu"),  # Marian's logits bias, SiLU FFN
+        base.replace(arch="decoder", head_bias=True, tie_embeddings=False),
         base.replace(arch="decoder", mixer="ssm", bias=False, ssm_head_dim=8),  # aiayn/nn/ssm.py
         base.replace(
             arch="decoder",

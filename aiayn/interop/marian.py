@@ -1,0 +1,171 @@
+"""Weight conversion between :class:`~aiayn.models.encoder_decoder.EncoderDecoder` and Hugging
+Face ``MarianMTModel`` (the OPUS-MT translation models).
+
+Marian is the paper's encoder-decoder almost exactly: post-LN, biases everywhere, three-way
+tied embeddings scaled by sqrt(d_model) (``scale_embedding``), sinusoidal positions.  Its
+differences map onto aiayn's config:
+
+* the feed-forward activation is SiLU ("swish") in the OPUS-MT models: ``activation="silu"``;
+* its position tables are stored with the weights (sines in the first half of each vector,
+  cosines in the second, where the paper interleaves them); they load as ``positional =
+  "learned"`` tables holding exactly Marian's values;
+* ``final_logits_bias`` (a buffer, not a parameter) becomes the output projection's bias
+  (``head_bias``).
+
+Name mapping (per layer ``i``; aiayn <- HF under ``model.``):
+
+* src_embed.token (= tgt_embed.token = head) <- shared; src/tgt_embed.positions <-
+  encoder/decoder.embed_positions
+* {encoder,decoder}.blocks.i.self_attn.qkv <- cat(self_attn.q_proj, k_proj, v_proj);
+  .out <- self_attn.out_proj; norm1 <- self_attn_layer_norm
+* decoder.blocks.i.cross_attn.q <- encoder_attn.q_proj; .kv <- cat(encoder_attn.k_proj,
+  v_proj); .out <- encoder_attn.out_proj; norm_cross <- encoder_attn_layer_norm
+* ffn.w1 <- fc1; ffn.w2 <- fc2; norm2 <- final_layer_norm
+* head.bias <- final_logits_bias[0]
+
+Not handled: separate source and target vocabularies (``share_encoder_decoder_embeddings =
+False``), pre-LN variants (``normalize_before``), and the tokenizer (Marian ships two
+SentencePiece models and a vocabulary, which aiayn does not read yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.interop.hf import NameMap, _check, _copy, _transformers
+from aiayn.models.encoder_decoder import EncoderDecoder
+
+_ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu",
+                "gelu_new": "gelu_tanh"}  # fmt: skip
+_ACTIVATIONS_BACK = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
+
+
+def config_from_marian(hf_config: Any) -> ModelConfig:
+    """``MarianConfig`` -> a post-LN encoder-decoder with biases, tied embeddings and Marian's
+    position tables."""
+    c = hf_config
+    _check("MarianConfig", c, activation_function=tuple(_ACTIVATIONS), normalize_before=(False,))
+    _check("MarianConfig", c, share_encoder_decoder_embeddings=(True,), add_bias_logits=(False,))
+    _check("MarianConfig", c, decoder_vocab_size=(None, c.vocab_size))
+    if (
+        c.encoder_attention_heads != c.decoder_attention_heads
+        or c.encoder_ffn_dim != c.decoder_ffn_dim
+    ):
+        raise ValueError(
+            "MarianConfig with different encoder and decoder heads or ffn_dim cannot be"
+            " converted: aiayn's stacks share them"
+        )
+    return ModelConfig(
+        arch="encoder-decoder", vocab_size=c.vocab_size, n_layers=c.encoder_layers,
+        n_decoder_layers=None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
+        d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
+        max_len=c.max_position_embeddings, positional="learned", norm="layernorm",
+        norm_position="post", activation=_ACTIVATIONS[c.activation_function], bias=True,
+        dropout=c.dropout, attention_dropout=c.attention_dropout,
+        scale_embeddings=bool(c.scale_embedding), tie_embeddings=True, pad_id=c.pad_token_id,
+        head_bias=True, init_std=c.init_std,
+    )  # fmt: skip
+
+
+def _marian_config(config: ModelConfig, attn_implementation: str | None, **ids: int) -> Any:
+    """ModelConfig -> ``MarianConfig`` (inverse of :func:`config_from_marian`)."""
+    c = config
+    want = "ModelConfig (for Marian)"
+    _check(want, c, arch=("encoder-decoder",), positional=("learned",), norm=("layernorm",))
+    _check(want, c, norm_position=("post",), activation=tuple(_ACTIVATIONS_BACK), bias=(True,))
+    _check(want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.n_heads,))
+    _check(want, c, head_dim=(c.d_model // c.n_heads,), attention_score=("dot",))
+    _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
+    _check(want, c, embedding_norm=(False,), src_vocab_size=(None, c.vocab_size))
+    pad = c.pad_id if c.pad_id is not None else c.vocab_size - 1
+    return _transformers().MarianConfig(
+        vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.n_layers,
+        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
+        activation_function=_ACTIVATIONS_BACK[c.activation], dropout=c.dropout,
+        attention_dropout=c.attention_dropout, activation_dropout=0.0,
+        max_position_embeddings=c.max_len, scale_embedding=c.scale_embeddings,
+        init_std=c.init_std, pad_token_id=pad, decoder_start_token_id=ids.get("start", pad),
+        eos_token_id=ids.get("eos", 0), attn_implementation=attn_implementation,
+    )  # fmt: skip
+
+
+def marian_names(config: ModelConfig) -> NameMap:
+    names: NameMap = [
+        ("src_embed.token.weight", ("model.shared.weight",), False),
+        ("src_embed.positions.weight", ("model.encoder.embed_positions.weight",), False),
+        ("tgt_embed.positions.weight", ("model.decoder.embed_positions.weight",), False),
+    ]
+    stacks = (("encoder", config.n_layers), ("decoder", config.decoder_layers))
+    for stack, layers in stacks:
+        for i in range(layers):
+            ours, hf = f"{stack}.blocks.{i}.", f"model.{stack}.layers.{i}."
+            for kind in ("weight", "bias"):
+                qkv = tuple(f"{hf}self_attn.{p}_proj.{kind}" for p in "qkv")
+                names += [
+                    (f"{ours}self_attn.qkv.{kind}", qkv, False),
+                    (f"{ours}self_attn.out.{kind}", (f"{hf}self_attn.out_proj.{kind}",), False),
+                    (f"{ours}norm1.{kind}", (f"{hf}self_attn_layer_norm.{kind}",), False),
+                    (f"{ours}ffn.w1.{kind}", (f"{hf}fc1.{kind}",), False),
+                    (f"{ours}ffn.w2.{kind}", (f"{hf}fc2.{kind}",), False),
+                    (f"{ours}norm2.{kind}", (f"{hf}final_layer_norm.{kind}",), False),
+                ]
+                if stack == "decoder":
+                    x = f"{hf}encoder_attn."
+                    names += [
+                        (f"{ours}cross_attn.q.{kind}", (f"{x}q_proj.{kind}",), False),
+                        (
+                            f"{ours}cross_attn.kv.{kind}",
+                            (f"{x}k_proj.{kind}", f"{x}v_proj.{kind}"),
+                            False,
+                        ),
+                        (f"{ours}cross_attn.out.{kind}", (f"{x}out_proj.{kind}",), False),
+                        (
+                            f"{ours}norm_cross.{kind}",
+                            (f"{hf}encoder_attn_layer_norm.{kind}",),
+                            False,
+                        ),
+                    ]
+    return names
+
+
+def marian_positions(n_positions: int, dim: int) -> torch.Tensor:
+    """Marian's (n_positions, dim) sinusoid table: the paper's frequencies, sines in the first
+    half of each vector and cosines in the second (MarianSinusoidalPositionalEmbedding).
+    Checkpoint folders often leave it out, since it is computed."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    j = torch.arange(dim, dtype=torch.float64)
+    angles = pos / torch.pow(10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / dim)
+    half = dim // 2 + dim % 2
+    table = torch.empty(n_positions, dim, dtype=torch.float64)
+    table[:, :half] = torch.sin(angles[:, 0::2])
+    table[:, half:] = torch.cos(angles[:, 1::2])
+    return table.float()
+
+
+def from_hf_marian(hf_model: Any) -> EncoderDecoder:
+    """A ``MarianMTModel`` as an :class:`EncoderDecoder` with identical weights."""
+    config = config_from_marian(hf_model.config)
+    model = EncoderDecoder(config)
+    names = marian_names(config)  # head.bias comes from the final_logits_bias buffer
+    _copy(model, hf_model, names, to_hf=False, family="Marian", elsewhere=frozenset({"head.bias"}))
+    with torch.no_grad():
+        assert model.head.bias is not None
+        model.head.bias.copy_(hf_model.final_logits_bias[0])
+    ref = next(hf_model.parameters())
+    return model.to(device=ref.device, dtype=ref.dtype).train(hf_model.training)
+
+
+def to_hf_marian(model: EncoderDecoder, *, attn_implementation: str | None = None) -> Any:
+    """A ``MarianMTModel`` with ``model``'s weights."""
+    hf_model = _transformers().MarianMTModel(_marian_config(model.config, attn_implementation))
+    names = marian_names(model.config)
+    _copy(model, hf_model, names, to_hf=True, family="Marian", elsewhere=frozenset({"head.bias"}))
+    with torch.no_grad():
+        assert model.head.bias is not None
+        hf_model.final_logits_bias.copy_(model.head.bias[None])
+    ref = model.head.weight
+    return hf_model.to(device=ref.device, dtype=ref.dtype).train(model.training)

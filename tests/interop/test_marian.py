@@ -1,0 +1,134 @@
+"""aiayn's EncoderDecoder against Hugging Face MarianMTModel (OPUS-MT's architecture) with
+identical random weights: logits to 1e-5 over a full pass, with source padding, and over
+cached decoding; the round trip is exact."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+from aiayn.interop.marian import from_hf_marian, to_hf_marian  # noqa: E402
+from aiayn.models.encoder_decoder import EncoderDecoder  # noqa: E402
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+VOCAB, PAD = 61, 60
+
+
+def marian(**overrides: object) -> torch.nn.Module:
+    kwargs: dict = dict(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
+        decoder_ffn_dim=48, max_position_embeddings=40, pad_token_id=PAD,
+        decoder_start_token_id=PAD, eos_token_id=0, activation_function="swish",
+        scale_embedding=True, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )  # fmt: skip
+    kwargs.update(overrides)
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(transformers.MarianConfig(**kwargs)).eval()
+    with torch.no_grad():  # norms start at 1, biases at 0: perturb them so they are tested
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+        model.final_logits_bias.normal_()
+    return model
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(1, PAD, (3, 11), generator=g)
+    keep = torch.ones(3, 11, dtype=torch.bool)
+    keep[1, 7:] = False  # Marian pads on the right
+    src[~keep] = PAD
+    tgt = torch.cat([torch.full((3, 1), PAD), torch.randint(1, PAD, (3, 8), generator=g)], 1)
+    return src, keep, tgt
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"activation_function": "gelu", "scale_embedding": False}]
+)
+def test_logits_and_cached_decoding_equal_hf(overrides: dict) -> None:
+    hf = marian(**overrides)
+    ours = from_hf_marian(hf).eval()
+    assert isinstance(ours, EncoderDecoder) and ours.config.head_bias
+    src, keep, tgt = batch()
+    with torch.no_grad():
+        want = hf(input_ids=src, attention_mask=keep.long(), decoder_input_ids=tgt).logits
+        got = ours(src, tgt, src_mask=keep)
+        torch.testing.assert_close(got, want, **TOL)
+        memory, src_keep = ours.encode(src, keep)
+        cache = ours.new_cache(3, tgt.shape[1])
+        steps = [ours.decode(tgt[:, :1], memory, src_keep, cache=cache)]
+        steps += [ours.decode(tgt[:, i : i + 1], None, cache=cache) for i in range(1, tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
+    back = to_hf_marian(ours).eval()
+    for (name, a), (_, b) in zip(back.state_dict().items(), hf.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_greedy_translation_equals_hf_generate() -> None:
+    """aiayn's greedy decoding from Marian's start token equals HF's generate (num_beams=1)."""
+    from aiayn.generate.beam import greedy_decode
+
+    hf = marian(forced_eos_token_id=None)  # else HF forces EOS at the length limit
+    ours = from_hf_marian(hf).eval()
+    src, keep, _ = batch()
+    src, keep = src[[0, 2]], keep[[0, 2]]  # unpadded rows
+    with torch.no_grad():
+        want = hf.generate(input_ids=src, attention_mask=keep.long(), num_beams=1, do_sample=False,
+                           max_new_tokens=11, min_new_tokens=11)  # fmt: skip
+    # HF's min_new_tokens masks EOS (0) for all 11 tokens, as `never` does.
+    got = greedy_decode(ours, src, bos=PAD, eos=-1, max_extra=1, never=(0,))
+    assert want[:, 1:].tolist() == [row[:11] for row in got]
+
+
+def test_what_cannot_be_converted_is_named() -> None:
+    with pytest.raises(ValueError, match="normalize_before"):
+        from_hf_marian(marian(normalize_before=True))
+    with pytest.raises(ValueError, match="share_encoder_decoder_embeddings"):
+        from_hf_marian(marian(share_encoder_decoder_embeddings=False))
+
+
+def test_marian_folders_with_and_without_position_tables(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A folder as HF saves it loads logit for logit; so does one whose sinusoid tables were
+    left out (they are computed, and equal HF's own); ours written back is read by HF."""
+    from safetensors.torch import save_file
+
+    from aiayn.interop.hf_folder import load_hf_folder, save_hf_folder
+    from aiayn.interop.marian import marian_positions
+
+    hf = marian()
+    torch.testing.assert_close(
+        marian_positions(40, 32),
+        hf.model.encoder.embed_positions.weight.detach(),
+        atol=1e-6,
+        rtol=0,
+    )
+    src, keep, tgt = batch()
+    with torch.no_grad():
+        want = hf(input_ids=src, attention_mask=keep.long(), decoder_input_ids=tgt).logits
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_hf_folder(tmp_path / "hf")
+    assert isinstance(ours, EncoderDecoder)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(src, tgt, src_mask=keep), want, **TOL)
+    # Without the position tables (and with the tied copies some folders hold):
+    state = {n: t.contiguous() for n, t in hf.state_dict().items() if "embed_positions" not in n}
+    state.pop("model.encoder.embed_tokens.weight", None)
+    state.pop("model.decoder.embed_tokens.weight", None)
+    state.pop("lm_head.weight", None)
+    (tmp_path / "bare").mkdir()
+    hf.config.save_pretrained(tmp_path / "bare")
+    save_file(state, str(tmp_path / "bare" / "model.safetensors"))
+    bare = load_hf_folder(tmp_path / "bare")
+    with torch.no_grad():
+        torch.testing.assert_close(bare(src, tgt, src_mask=keep), want, **TOL)
+    save_hf_folder(ours, tmp_path / "back", "marian")
+    again = transformers.MarianMTModel.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        got = again(input_ids=src, attention_mask=keep.long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(got, want, **TOL)
