@@ -133,13 +133,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     http = threading.Thread(target=http_server, name="aiayn-http", daemon=True)
     http.start()
-    while not server.started and http.is_alive():
-        http.join(0.05)
-    if not server.started:
-        raise OSError(f"could not serve on {args.host}:{args.port} (see the message above)")
-    pool = "" if engine is None else f", KV pool {engine.pool.nbytes() / 2**20:.0f} MiB"
-    print(f"serving {bundle.directory} on http://{args.host}:{args.port}/{pool}", file=sys.stderr)
     try:
+        while not server.started and http.is_alive():
+            http.join(0.05)
+        if not server.started:
+            raise OSError(f"could not serve on {args.host}:{args.port} (see the message above)")
+        pool = "" if engine is None else f", KV pool {engine.pool.nbytes() / 2**20:.0f} MiB"
+        print(
+            f"serving {bundle.directory} on http://{args.host}:{args.port}/{pool}", file=sys.stderr
+        )
         if engine is None:  # translation: requests run on the server's worker threads
             while http.is_alive():
                 http.join(0.5)
@@ -149,9 +151,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     finally:
         server.should_exit = True
+        server.force_exit = True  # do not wait on open connections: the engine has stopped
         if engine is not None:
             engine.stop()
-        http.join(30)
+        http.join(10)
         print("aiayn serve: stopped", file=sys.stderr)
     return 0
 

@@ -200,7 +200,7 @@ def create_app(
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        running = engine.alive if engine is not None else True
+        running = engine.accepting if engine is not None else True
         return {"status": "ok" if running else "stopped", "model": name,
                 "kind": type(model).__name__, "max_len": max_len}  # fmt: skip
 

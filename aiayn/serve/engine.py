@@ -158,6 +158,11 @@ class Engine:
             self.lock.notify()
 
     @property
+    def accepting(self) -> bool:
+        """Requests are taken (those submitted before the loop starts wait for it)."""
+        return not self.stopping and self.failure is None
+
+    @property
     def alive(self) -> bool:
         """The loop runs (requests submitted before :meth:`start` wait for it)."""
         return self.thread is not None and self.thread.is_alive() and not self.stopping
