@@ -96,7 +96,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/).  The engine runs
-    in this (main) thread, the HTTP server in another (see Engine.run)."""
+    in this (main) thread, the HTTP server in another (see Engine.run).  Ctrl-C or SIGTERM
+    stops both."""
+    import signal
     import threading
 
     import uvicorn
@@ -131,6 +133,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if engine is not None:
                 engine.stop(wait=False)
 
+    def terminate(signum: int, frame: object) -> None:  # SIGTERM (docker stop, systemd): as Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     http = threading.Thread(target=http_server, name="aiayn-http", daemon=True)
     http.start()
     try:
@@ -155,6 +161,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if engine is not None:
             engine.stop()
         http.join(10)
+        signal.signal(signal.SIGTERM, previous)
         print("aiayn serve: stopped", file=sys.stderr)
     return 0
 
