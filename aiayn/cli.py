@@ -13,7 +13,7 @@ import torch
 from aiayn.checkpoint import load_bundle
 from aiayn.config import presets
 from aiayn.data.files import data_dir
-from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
 from aiayn.interop.hf_folder import load_checkpoint
@@ -442,14 +442,16 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 def _load_translator(
     path: str, device: torch.device | None = None
-) -> tuple[EncoderDecoder, BPETokenizer]:
+) -> tuple[EncoderDecoder, BPETokenizer | MarianTokenizer]:
     from aiayn.device import for_inference
 
     bundle = load_checkpoint(path)
     model, tokenizer = bundle.model, bundle.tokenizer
     if device is not None:
         for_inference(model, device)
-    if not isinstance(model, EncoderDecoder) or not isinstance(tokenizer, BPETokenizer):
+    if not isinstance(model, EncoderDecoder) or not isinstance(
+        tokenizer, BPETokenizer | MarianTokenizer
+    ):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
     return model.eval(), tokenizer
 
@@ -592,8 +594,8 @@ def _evaluate_translation(
     from aiayn.data.parallel import multi30k
     from aiayn.evaluate.translation import evaluate_translation
 
-    if not isinstance(tokenizer, BPETokenizer):
-        raise ValueError("a translation checkpoint needs a BPE tokenizer")
+    if not isinstance(tokenizer, BPETokenizer | MarianTokenizer):
+        raise ValueError("a translation checkpoint needs a BPE or Marian tokenizer")
     src_lang, tgt_lang = str(data.get("source_lang", "de")), str(data.get("target_lang", "en"))
     pairs = multi30k(data_dir(args.data) / "multi30k", args.split, src_lang, tgt_lang)
     if args.limit:

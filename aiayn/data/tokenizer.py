@@ -106,7 +106,55 @@ class LabelTokenizer:
         Path(path).write_text(json.dumps({"kind": "labels", "labels": self.labels}))
 
 
-Tokenizer = CharTokenizer | BPETokenizer | LabelTokenizer
+class MarianTokenizer:
+    """Marian's (OPUS-MT's) tokenizer, as HF's MarianTokenizer: the source text cut into pieces
+    by the source SentencePiece model, the pieces looked up in the shared vocabulary (unknown
+    ones as ``<unk>``), ``</s>`` appended; ids back to pieces, special tokens dropped, joined by
+    the target SentencePiece model.  The decoder starts from ``<pad>``."""
+
+    kind = "marian"
+
+    def __init__(self, source: bytes, target: bytes, vocab: dict[str, int]) -> None:
+        try:
+            import sentencepiece as spm
+        except ImportError as err:
+            raise ValueError(
+                "Marian's tokenizer needs sentencepiece: pip install sentencepiece"
+            ) from err
+        self.source_model, self.target_model, self.vocab = source, target, vocab
+        self.src = spm.SentencePieceProcessor(model_proto=source)
+        self.tgt = spm.SentencePieceProcessor(model_proto=target)
+        self.pieces = {i: p for p, i in vocab.items()}
+        try:
+            self.eos_id, self.unk_id, self.pad_id = vocab["</s>"], vocab["<unk>"], vocab["<pad>"]
+        except KeyError as err:
+            raise ValueError(f"Marian's vocabulary has no {err.args[0]} token") from err
+        self.bos_id = self.pad_id  # the decoder's start token
+        self.specials = {self.eos_id, self.unk_id, self.pad_id}
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self.pieces) + 1
+
+    def encode(self, text: str) -> list[int]:
+        pieces = self.src.encode(text, out_type=str)
+        return [*(self.vocab.get(p, self.unk_id) for p in pieces), self.eos_id]
+
+    def decode(self, ids: list[int]) -> str:
+        pieces = [self.pieces[i] for i in ids if i in self.pieces and i not in self.specials]
+        return str(self.tgt.decode_pieces(pieces))
+
+    def save(self, path: str | Path) -> None:
+        import base64
+
+        Path(path).write_text(json.dumps({
+            "kind": "marian", "vocab": self.vocab,
+            "source": base64.b64encode(self.source_model).decode(),
+            "target": base64.b64encode(self.target_model).decode(),
+        }))  # fmt: skip
+
+
+Tokenizer = CharTokenizer | BPETokenizer | LabelTokenizer | MarianTokenizer
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -121,6 +169,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             from tokenizers import Tokenizer as HFTokenizer
 
             return BPETokenizer(HFTokenizer.from_str(json.dumps(data["tokenizer"])))
+        if data["kind"] == "marian":
+            import base64
+
+            return MarianTokenizer(base64.b64decode(data["source"]), base64.b64decode(data["target"]),
+                                   {str(k): int(v) for k, v in data["vocab"].items()})  # fmt: skip
     except Exception as err:  # any failure to read or parse the file
         raise ValueError(f"cannot load tokenizer {path}: {err}") from err
     raise ValueError(f"cannot load tokenizer {path}: unknown kind {data.get('kind')!r}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sacrebleu
 import torch
 
-from aiayn.data.tokenizer import BPETokenizer
+from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig
 from aiayn.generate.translate import translate
 from aiayn.models import EncoderDecoder
@@ -45,7 +45,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
 @torch.no_grad()
 def evaluate_translation(
     model: EncoderDecoder,
-    tokenizer: BPETokenizer,
+    tokenizer: BPETokenizer | MarianTokenizer,
     sources: Sequence[str],
     references: Sequence[str],
     *,

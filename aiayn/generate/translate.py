@@ -14,16 +14,24 @@ from collections.abc import Sequence
 
 from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD, UNK
-from aiayn.data.tokenizer import BPETokenizer
+from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.models import EncoderDecoder
 
 NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
 
 
+def specials(tokenizer: BPETokenizer | MarianTokenizer) -> tuple[int, int, int, tuple[int, ...]]:
+    """(start, end, padding, never-generated) token ids: aiayn's BPE reserves the first four
+    ids; Marian starts from <pad> and ends with </s> (its tokenizer appends it)."""
+    if isinstance(tokenizer, MarianTokenizer):
+        return tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, (tokenizer.pad_id,)
+    return BOS, EOS, PAD, NEVER
+
+
 def translate(
     model: EncoderDecoder,
-    tokenizer: BPETokenizer,
+    tokenizer: BPETokenizer | MarianTokenizer,
     lines: Sequence[str],
     *,
     beam: BeamConfig | None = PAPER_BEAM,
@@ -32,19 +40,25 @@ def translate(
 ) -> list[str]:
     """Translations of ``lines`` (beam search, or greedy when ``beam`` is None)."""
     limit = model.config.max_len
+    bos, eos, pad_id, never = specials(tokenizer)
+    appends_eos = isinstance(tokenizer, MarianTokenizer)
     encoded: list[list[int] | None] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             encoded.append(None)
             continue
-        ids = [*tokenizer.encode(line.strip()), EOS]
+        ids = (
+            tokenizer.encode(line.strip())
+            if appends_eos
+            else [*tokenizer.encode(line.strip()), eos]
+        )
         if len(ids) > limit:
             if not truncate:
                 raise ValueError(
                     f"line {number} has {len(ids)} tokens; the model supports at most {limit}"
                     " (pass truncate=True / --truncate to keep its beginning)"
                 )
-            ids = [*ids[: limit - 1], EOS]
+            ids = [*ids[: limit - 1], eos]
         encoded.append(ids)
     order = sorted(
         (i for i, e in enumerate(encoded) if e is not None), key=lambda i: len(encoded[i] or [])
@@ -52,11 +66,11 @@ def translate(
     out = [""] * len(lines)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        src = pad([encoded[i] or [] for i in chunk], PAD).to(next(model.parameters()).device)
+        src = pad([encoded[i] or [] for i in chunk], pad_id).to(next(model.parameters()).device)
         if beam is None:
-            hyps = greedy_decode(model, src, bos=BOS, eos=EOS, never=NEVER)
+            hyps = greedy_decode(model, src, bos=bos, eos=eos, never=never)
         else:
-            hyps = beam_search(model, src, bos=BOS, eos=EOS, config=beam, never=NEVER)
+            hyps = beam_search(model, src, bos=bos, eos=eos, config=beam, never=never)
         for i, ids in zip(chunk, hyps, strict=True):
             out[i] = tokenizer.decode(ids).strip()
     return out

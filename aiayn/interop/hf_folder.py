@@ -38,7 +38,7 @@ from torch import nn
 from aiayn.checkpoint.atomic import write_atomically
 from aiayn.checkpoint.bundle import Bundle, load_bundle, save_bundle
 from aiayn.config import ModelConfig
-from aiayn.data.tokenizer import BPETokenizer
+from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.interop.bert import NSP_WEIGHTS, _bert_config, bert_names, config_from_bert
 from aiayn.interop.hf import (
     NameMap,
@@ -349,7 +349,7 @@ def _fill(
             handle.close()
 
 
-def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer:
+def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer | MarianTokenizer:
     """The checkpoint's own tokenizer, from its ``tokenizer.json`` (HF ``tokenizers``: byte-level
     BPE for GPT-2 and Qwen2, SentencePiece-style BPE for Llama and Mistral, WordPiece for BERT),
     with its normaliser, pre-tokeniser and post-processor -- so text -> ids is what HF's fast
@@ -362,6 +362,13 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer:
 
     folder = Path(directory)
     path = folder / "tokenizer.json"
+    marian = [folder / f for f in ("source.spm", "target.spm", "vocab.json")]
+    if not path.is_file() and all(f.is_file() for f in marian):  # Marian: two models, one vocab
+        try:
+            vocab = {str(k): int(v) for k, v in json.loads(marian[2].read_text()).items()}
+        except (ValueError, AttributeError) as err:
+            raise ValueError(f"corrupt Marian vocabulary {marian[2]}: {err}") from err
+        return MarianTokenizer(marian[0].read_bytes(), marian[1].read_bytes(), vocab)
     if not path.is_file():
         if (folder / "tokenizer.model").is_file():
             return _from_sentencepiece(folder)

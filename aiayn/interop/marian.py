@@ -24,8 +24,8 @@ Name mapping (per layer ``i``; aiayn <- HF under ``model.``):
 * head.bias <- final_logits_bias[0]
 
 Not handled: separate source and target vocabularies (``share_encoder_decoder_embeddings =
-False``), pre-LN variants (``normalize_before``), and the tokenizer (Marian ships two
-SentencePiece models and a vocabulary, which aiayn does not read yet).
+False``) and pre-LN variants (``normalize_before``).  The tokenizer (two SentencePiece models
+and a vocabulary) is :class:`aiayn.data.tokenizer.MarianTokenizer`.
 """
 
 from __future__ import annotations

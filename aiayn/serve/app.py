@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.generate.translate import translate
@@ -97,7 +97,9 @@ class _Translator:
     """Translation requests, each a batch of lines through beam search (or greedy), one batch
     at a time on a worker thread; at most ``max_queue`` wait."""
 
-    def __init__(self, model: EncoderDecoder, tokenizer: BPETokenizer, max_queue: int) -> None:
+    def __init__(
+        self, model: EncoderDecoder, tokenizer: BPETokenizer | MarianTokenizer, max_queue: int
+    ) -> None:
         self.model, self.tokenizer, self.max_queue = model, tokenizer, max_queue
         self.count, self.busy, self.waiting = threading.Lock(), threading.Lock(), 0
 
@@ -155,7 +157,9 @@ def create_app(
             batching=batching,
             context=max_len,
         )
-    elif isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer):
+    elif isinstance(model, EncoderDecoder) and isinstance(
+        tokenizer, BPETokenizer | MarianTokenizer
+    ):
         translator = _Translator(model, tokenizer, max_queue)
     else:
         raise ValueError(f"a {type(model).__name__} cannot be served: it does not generate text")

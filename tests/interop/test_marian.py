@@ -132,3 +132,68 @@ def test_marian_folders_with_and_without_position_tables(tmp_path) -> None:  # t
     with torch.no_grad():
         got = again(input_ids=src, attention_mask=keep.long(), decoder_input_ids=tgt).logits
     torch.testing.assert_close(got, want, **TOL)
+
+
+def _marian_folder(folder, vocab_size: int = 80):  # type: ignore[no-untyped-def]
+    """An OPUS-MT-style folder: config, weights, source.spm, target.spm and vocab.json (the
+    pieces of both models, then </s>, <unk>, <pad> where HF's MarianTokenizer expects them)."""
+    spm = pytest.importorskip("sentencepiece")
+    import json
+
+    src_text = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball im Park."] * 40
+    tgt_text = ["A dog runs across the meadow.", "Two men play football in the park."] * 40
+    for name, text in (("source", src_text), ("target", tgt_text)):
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(text), model_prefix=str(folder / name), vocab_size=40,
+            model_type="unigram", minloglevel=2, hard_vocab_limit=False,
+        )  # fmt: skip
+        (folder / f"{name}.model").rename(folder / f"{name}.spm")
+    pieces: list[str] = ["</s>", "<unk>"]
+    for name in ("source", "target"):
+        sp = spm.SentencePieceProcessor(model_file=str(folder / f"{name}.spm"))
+        pieces += [
+            sp.id_to_piece(i)
+            for i in range(sp.get_piece_size())
+            if sp.id_to_piece(i) not in pieces and i > 2
+        ]
+    pieces.append("<pad>")
+    vocab = {p: i for i, p in enumerate(pieces)}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    hf = marian(vocab_size=len(vocab), pad_token_id=len(vocab) - 1,
+                decoder_start_token_id=len(vocab) - 1, forced_eos_token_id=None)  # fmt: skip
+    hf.save_pretrained(folder)
+    return hf, vocab
+
+
+def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Marian's tokenizer (two SentencePiece models, one vocabulary) gives HF's MarianTokenizer
+    ids and text; `translate` (greedy) on the folder gives HF generate's translation."""
+    pytest.importorskip("sentencepiece")
+    from aiayn.data.tokenizer import MarianTokenizer, load_tokenizer
+    from aiayn.generate.translate import translate
+    from aiayn.interop.hf_folder import load_checkpoint
+
+    hf, vocab = _marian_folder(tmp_path)
+    theirs = transformers.MarianTokenizer(
+        source_spm=str(tmp_path / "source.spm"), target_spm=str(tmp_path / "target.spm"),
+        vocab=str(tmp_path / "vocab.json"),
+    )  # fmt: skip
+    bundle = load_checkpoint(tmp_path)
+    ours = bundle.tokenizer
+    assert isinstance(ours, MarianTokenizer)
+    lines = ["Ein Hund läuft über die Wiese.", "Zwei Männer, ß!"]
+    for line in lines:
+        assert ours.encode(line) == theirs(line)["input_ids"]
+    ids = [vocab[p] for p in ("▁A", "▁dog") if p in vocab] + [3, 4, vocab["</s>"]]
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    ours.save(tmp_path / "tok.json")
+    again = load_tokenizer(tmp_path / "tok.json")
+    assert all(again.encode(line) == ours.encode(line) for line in lines)
+
+    got = translate(bundle.model.eval(), ours, lines, beam=None)  # type: ignore[arg-type]
+    batch = theirs(lines, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=39,
+                          bad_words_ids=[[hf.config.pad_token_id]])  # fmt: skip
+    want = [theirs.decode(row, skip_special_tokens=True).strip() for row in out]
+    assert got == want
