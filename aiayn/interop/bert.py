@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiayn.config import ModelConfig
-from aiayn.interop.hf import NameMap, _check, _copy, _transformers
+from aiayn.interop.hf import NameMap, _check, _copy, _transformers, weights_and_biases
 from aiayn.models.encoder import EncoderLM
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -87,21 +87,17 @@ def bert_names(config: ModelConfig, prefix: str) -> NameMap:
     if config.type_vocab_size:
         names.append(("embed.token_type.weight", (f"{e}token_type_embeddings.weight",), False))
     for i in range(config.n_layers):
-        ours, hf = f"encoder.blocks.{i}.", f"{prefix}encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            qkv = tuple(f"{hf}attention.self.{p}.{kind}" for p in ("query", "key", "value"))
-            names += [
-                (f"{ours}self_attn.qkv.{kind}", qkv, False),
-                (f"{ours}self_attn.out.{kind}", (f"{hf}attention.output.dense.{kind}",), False),
-                (f"{ours}norm1.{kind}", (f"{hf}attention.output.LayerNorm.{kind}",), False),
-                (f"{ours}ffn.w1.{kind}", (f"{hf}intermediate.dense.{kind}",), False),
-                (f"{ours}ffn.w2.{kind}", (f"{hf}output.dense.{kind}",), False),
-                (f"{ours}norm2.{kind}", (f"{hf}output.LayerNorm.{kind}",), False),
-            ]
+        hf = f"{prefix}encoder.layer.{i}."
+        names += weights_and_biases(f"encoder.blocks.{i}.", hf, [
+            ("self_attn.qkv", tuple(f"attention.self.{p}" for p in ("query", "key", "value"))),
+            ("self_attn.out", "attention.output.dense"),
+            ("norm1", "attention.output.LayerNorm"),
+            ("ffn.w1", "intermediate.dense"),
+            ("ffn.w2", "output.dense"),
+            ("norm2", "output.LayerNorm"),
+        ])  # fmt: skip
     if config.pooler:
-        names += [
-            (f"pooler.{k}", (f"{prefix}pooler.dense.{k}",), False) for k in ("weight", "bias")
-        ]
+        names += weights_and_biases("", prefix, [("pooler", "pooler.dense")])
     if config.mlm_head:
         t = "cls.predictions.transform."
         names += [

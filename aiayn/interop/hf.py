@@ -31,6 +31,7 @@ Name mapping (per layer ``i``; aiayn <- GPT-2 | Llama):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -298,6 +299,19 @@ def _llama_names(config: ModelConfig, experts: str = "") -> NameMap:
     return names
 
 
+def weights_and_biases(
+    ours: str, hf: str, modules: Sequence[tuple[str, str | tuple[str, ...]]]
+) -> NameMap:
+    """The weight and the bias of each (our module, its HF module -- or modules, concatenated
+    along dim 0) under the prefixes ``ours`` and ``hf``: one block of a biased model."""
+    names: NameMap = []
+    for mine, theirs in modules:
+        parts = (theirs,) if isinstance(theirs, str) else theirs
+        for kind in ("weight", "bias"):
+            names.append((f"{ours}{mine}.{kind}", tuple(f"{hf}{t}.{kind}" for t in parts), False))
+    return names
+
+
 def _assign(dst: Tensor, src: Tensor, name: str) -> None:
     if dst.shape != src.shape:
         raise ValueError(f"weight {name}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
@@ -313,27 +327,22 @@ def split_index(name: str) -> tuple[str, int | None]:
 
 
 @torch.no_grad()
-def _copy(
-    ours: nn.Module,
-    hf: nn.Module,
-    names: NameMap,
-    *,
-    to_hf: bool,
-    family: str,
-    elsewhere: frozenset[str] = frozenset(),
-) -> None:
-    """Copy every mapped weight (HF -> ours, or ours -> HF if ``to_hf``); strict both sides,
-    except for our parameters ``elsewhere`` (filled from an HF buffer by the caller)."""
+def _copy(ours: nn.Module, hf: nn.Module, names: NameMap, *, to_hf: bool, family: str) -> None:
+    """Copy every mapped weight (HF -> ours, or ours -> HF if ``to_hf``); strict both sides.
+    An HF name may also be a buffer that holds a weight (Marian's ``final_logits_bias``)."""
     mine, stored = dict(ours.named_parameters()), dict(hf.named_parameters())  # tied: once
+    buffers = dict(hf.named_buffers())
     theirs: dict[str, Tensor] = {}
     for _, hs, _ in names:
         for h in hs:
             base, index = split_index(h)
-            if base in stored:
-                theirs[h] = stored[base] if index is None else stored[base][index]
+            found = stored.get(base, buffers.get(base))
+            if found is not None:
+                theirs[h] = found if index is None else found[index]
+    hf_mapped = {split_index(h)[0] for _, hs, _ in names for h in hs}
     for side, params, mapped in (
-        ("aiayn", mine, {o for o, _, _ in names} | set(elsewhere)),
-        (family, stored, {split_index(h)[0] for _, hs, _ in names for h in hs}),
+        ("aiayn", mine, {o for o, _, _ in names}),
+        (family, stored, hf_mapped - (set(buffers) - set(stored))),
     ):
         if set(params) != mapped:
             raise ValueError(

@@ -144,7 +144,7 @@ def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path], dic
         tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
                 "lm_head.weight")  # copies of model.shared  # fmt: skip
         files = {n: p for n, p in files.items() if n not in tied}
-        names = [*marian_names(config), ("head.bias", ("final_logits_bias[0]",), False)]
+        names = marian_names(config)
         # The sinusoid tables are often not stored: they are computed when absent.
         names = [n for n in names if "embed_positions" not in n[1][0] or n[1][0] in files]
         return family, config, names, files, stored_as
@@ -425,7 +425,7 @@ def save_hf_folder(
     name = _family_of(family)
     if name == "Marian":
         hf_config = _marian_config(model.config, None)
-        names = [*marian_names(model.config), ("head.bias", ("final_logits_bias[0]",), False)]
+        names = marian_names(model.config)
         architecture = "MarianMTModel"
     elif name == "BERT":
         hf_config = _bert_config(model.config, None)

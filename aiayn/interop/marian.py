@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.interop.hf import NameMap, _check, _copy, _transformers
+from aiayn.interop.hf import NameMap, _check, _copy, _transformers, weights_and_biases
 from aiayn.models.encoder_decoder import EncoderDecoder
 
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu",
@@ -102,34 +102,25 @@ def marian_names(config: ModelConfig) -> NameMap:
     stacks = (("encoder", config.n_layers), ("decoder", config.decoder_layers))
     for stack, layers in stacks:
         for i in range(layers):
-            ours, hf = f"{stack}.blocks.{i}.", f"model.{stack}.layers.{i}."
-            for kind in ("weight", "bias"):
-                qkv = tuple(f"{hf}self_attn.{p}_proj.{kind}" for p in "qkv")
-                names += [
-                    (f"{ours}self_attn.qkv.{kind}", qkv, False),
-                    (f"{ours}self_attn.out.{kind}", (f"{hf}self_attn.out_proj.{kind}",), False),
-                    (f"{ours}norm1.{kind}", (f"{hf}self_attn_layer_norm.{kind}",), False),
-                    (f"{ours}ffn.w1.{kind}", (f"{hf}fc1.{kind}",), False),
-                    (f"{ours}ffn.w2.{kind}", (f"{hf}fc2.{kind}",), False),
-                    (f"{ours}norm2.{kind}", (f"{hf}final_layer_norm.{kind}",), False),
+            modules: list[tuple[str, str | tuple[str, ...]]] = [
+                ("self_attn.qkv", tuple(f"self_attn.{p}_proj" for p in "qkv")),
+                ("self_attn.out", "self_attn.out_proj"),
+                ("norm1", "self_attn_layer_norm"),
+                ("ffn.w1", "fc1"),
+                ("ffn.w2", "fc2"),
+                ("norm2", "final_layer_norm"),
+            ]
+            if stack == "decoder":
+                modules += [
+                    ("cross_attn.q", "encoder_attn.q_proj"),
+                    ("cross_attn.kv", ("encoder_attn.k_proj", "encoder_attn.v_proj")),
+                    ("cross_attn.out", "encoder_attn.out_proj"),
+                    ("norm_cross", "encoder_attn_layer_norm"),
                 ]
-                if stack == "decoder":
-                    x = f"{hf}encoder_attn."
-                    names += [
-                        (f"{ours}cross_attn.q.{kind}", (f"{x}q_proj.{kind}",), False),
-                        (
-                            f"{ours}cross_attn.kv.{kind}",
-                            (f"{x}k_proj.{kind}", f"{x}v_proj.{kind}"),
-                            False,
-                        ),
-                        (f"{ours}cross_attn.out.{kind}", (f"{x}out_proj.{kind}",), False),
-                        (
-                            f"{ours}norm_cross.{kind}",
-                            (f"{hf}encoder_attn_layer_norm.{kind}",),
-                            False,
-                        ),
-                    ]
-    return names
+            names += weights_and_biases(
+                f"{stack}.blocks.{i}.", f"model.{stack}.layers.{i}.", modules
+            )
+    return [*names, ("head.bias", ("final_logits_bias[0]",), False)]  # a buffer in HF
 
 
 def marian_positions(n_positions: int, dim: int) -> torch.Tensor:
@@ -150,11 +141,7 @@ def from_hf_marian(hf_model: Any) -> EncoderDecoder:
     """A ``MarianMTModel`` as an :class:`EncoderDecoder` with identical weights."""
     config = config_from_marian(hf_model.config)
     model = EncoderDecoder(config)
-    names = marian_names(config)  # head.bias comes from the final_logits_bias buffer
-    _copy(model, hf_model, names, to_hf=False, family="Marian", elsewhere=frozenset({"head.bias"}))
-    with torch.no_grad():
-        assert model.head.bias is not None
-        model.head.bias.copy_(hf_model.final_logits_bias[0])
+    _copy(model, hf_model, marian_names(config), to_hf=False, family="Marian")
     ref = next(hf_model.parameters())
     return model.to(device=ref.device, dtype=ref.dtype).train(hf_model.training)
 
@@ -162,10 +149,6 @@ def from_hf_marian(hf_model: Any) -> EncoderDecoder:
 def to_hf_marian(model: EncoderDecoder, *, attn_implementation: str | None = None) -> Any:
     """A ``MarianMTModel`` with ``model``'s weights."""
     hf_model = _transformers().MarianMTModel(_marian_config(model.config, attn_implementation))
-    names = marian_names(model.config)
-    _copy(model, hf_model, names, to_hf=True, family="Marian", elsewhere=frozenset({"head.bias"}))
-    with torch.no_grad():
-        assert model.head.bias is not None
-        hf_model.final_logits_bias.copy_(model.head.bias[None])
+    _copy(model, hf_model, marian_names(model.config), to_hf=True, family="Marian")
     ref = model.head.weight
     return hf_model.to(device=ref.device, dtype=ref.dtype).train(model.training)

@@ -130,6 +130,7 @@ class Engine:
         self.max_queue = max_queue
         self.pool = SlotPool(model, self.max_batch, context)  # rows of `context` positions
         self.device = next(model.parameters()).device
+        self.gemv = next(model.parameters()).dtype == torch.float32  # one fp32 row: BLAS gemv
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # request i holds pool row i
@@ -325,11 +326,8 @@ class Engine:
         """One row on a CPU in fp32 goes to BLAS's gemv, which runs on BLAS's own threads:
         torch's small element-wise operations then run on one thread, so that the two thread
         pools do not spin against each other (what generate() does for one sequence)."""
-        if self.device.type != "cpu":
-            return
-        one = rows == 1 and next(self.model.parameters()).dtype == torch.float32
-        want = 1 if one else self.threads
-        if torch.get_num_threads() != want:
+        want = 1 if rows == 1 and self.gemv else self.threads
+        if self.device.type == "cpu" and torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
     def _choose(self, requests: list[Request], logits: Tensor) -> None:
