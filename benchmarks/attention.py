@@ -389,8 +389,12 @@ def main() -> int:
     max_ref = dict(zip(MODES, [*args.max_reference_n, args.max_reference_n[-1]], strict=False))
 
     import torch
+    from rounds import host_rates, rates_line
 
+    rates = host_rates()  # beside every figure: this host's matmul rates, measured now
+    print(rates_line(rates), flush=True)
     meta: dict[str, Any] = {
+        "host": rates,
         "torch": torch.__version__,
         "threads": args.threads,
         "cpu": cpu_model(),

