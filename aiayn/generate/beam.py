@@ -30,12 +30,14 @@ Shapes: B sentences, K beam size, S source length, V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.nn.linear import packed_for_inference
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,15 @@ def greedy_decode(
 ) -> list[list[int]]:
     """Most likely next token at every step; output ids exclude BOS and EOS."""
     model.eval()
+    with ExitStack() as packing:
+        if src.shape[0] > 1:  # several rows a step: packed weights (one row: BLAS's gemv)
+            packing.enter_context(packed_for_inference(model, rows=src.shape[0]))
+        return _greedy(model, src, bos, eos, max_extra, never)
+
+
+def _greedy(
+    model: EncoderDecoder, src: Tensor, bos: int, eos: int, max_extra: int, never: Sequence[int]
+) -> list[list[int]]:
     memory, keep = model.encode(src)
     b, device = src.shape[0], src.device
     limits = _limits(model, src, keep, max_extra)  # (B,)
@@ -127,81 +138,107 @@ def beam_search(
 ) -> list[list[int]]:
     """The best hypothesis per sentence (ids without BOS/EOS), by length-normalised score."""
     model.eval()
+    with ExitStack() as packing:
+        if src.shape[0] * config.beam_size > 1:
+            # One weight layout for the whole search: K·B rows per step is a small matrix
+            # product, faster from a packed weight (aiayn/nn/linear.py).
+            packing.enter_context(packed_for_inference(model, rows=src.shape[0] * config.beam_size))
+        return _beam_search(model, src, bos, eos, config, never)
+
+
+def _beam_search(
+    model: EncoderDecoder,
+    src: Tensor,
+    bos: int,
+    eos: int,
+    config: BeamConfig,
+    never: Sequence[int],
+) -> list[list[int]]:
     k = config.beam_size
     memory, keep = model.encode(src)  # (B, S, C), (B, S)
     b, device = src.shape[0], src.device
     limits = _limits(model, src, keep, config.max_extra)  # (B,)
     steps = int(limits.max())
-    memory = memory.repeat_interleave(k, 0)  # (B·K, S, C)
-    keep = None if keep is None else keep.repeat_interleave(k, 0)
+    # The K beams of a sentence share its memory: the decoder takes one memory row per
+    # sentence for K query rows (aiayn/nn/multihead.py folds them), so the encoder's keys and
+    # values are computed, cached and read once per sentence.
     cache = model.new_cache(b * k, steps + 1)
     tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (B·K, 1)
-    history = torch.zeros(b, k, steps, dtype=torch.long, device=device)  # (B, K, steps)
     neg = float("-inf")
-    fresh = torch.full((b, k), neg, device=device)
+    # The sentences still searching: A of them, ``alive`` (A,) their indices.  Finished
+    # sentences leave the batch (and the cache) at once, so the last long sentence does not
+    # carry the rows of the short ones that ended long ago.
+    alive = torch.arange(b, device=device)
+    history = torch.zeros(b, k, steps, dtype=torch.long, device=device)  # (A, K, steps)
+    fresh = torch.full((1, k), neg, device=device)
     fresh[:, 0] = 0.0  # all beams start identical: expand only the first
-    scores = fresh.clone()  # (B, K) cumulative log-probabilities
-    best = torch.full((b,), neg, device=device)  # best finished normalised score
+    scores = fresh.expand(b, k).clone()  # (A, K) cumulative log-probabilities
+    n_finished = torch.zeros(b, dtype=torch.long, device=device)  # (A,)
+    # Each sentence's best finished hypothesis so far, over all B sentences.
+    best = torch.full((b,), neg, device=device)
     best_tokens = torch.zeros(b, steps, dtype=torch.long, device=device)
     best_len = torch.zeros(b, dtype=torch.long, device=device)
-    n_finished = torch.zeros(b, dtype=torch.long, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
     rank = torch.arange(2 * k, device=device)  # (2K,)
-    rows = torch.arange(b, device=device)
 
-    def offer(candidate: Tensor, cand_tokens: Tensor, cand_len: Tensor) -> None:
-        """Each sentence's ``candidate`` (B,) normalised score, if strictly better, becomes its
-        best (so the first of equal scores stays)."""
-        better = candidate > best
-        best.copy_(torch.where(better, candidate, best))
-        best_tokens.copy_(torch.where(better[:, None], cand_tokens, best_tokens))
-        best_len.copy_(torch.where(better, cand_len, best_len))
+    def offer(candidate: Tensor, cand_tokens: Tensor, cand_len: int) -> None:
+        """Each alive sentence's ``candidate`` (A,) normalised score, if strictly better,
+        becomes its best (so the first of equal scores stays)."""
+        better = candidate > best[alive]
+        if bool(better.any()):
+            which = alive[better]
+            best[which] = candidate[better]
+            best_tokens[which] = cand_tokens[better]
+            best_len[which] = cand_len
 
     for step in range(steps):
         length = step + 1
-        logits = model.decode(tokens, memory if step == 0 else None, keep, cache=cache)[:, -1]
-        logprobs = _mask(logits.float(), never).log_softmax(-1)  # (B·K, V)
+        a = alive.shape[0]
+        first_step = step == 0  # later steps take memory and its mask from the cache
+        logits = model.decode(
+            tokens, memory if first_step else None, keep if first_step else None, cache=cache
+        )[:, -1]
+        logprobs = _mask(logits.float(), never).log_softmax(-1)  # (A·K, V)
         v = logprobs.shape[-1]
-        cand = (scores[:, :, None] + logprobs.view(b, k, v)).view(b, k * v)  # (B, K·V)
-        top, top_idx = cand.topk(2 * k, dim=-1)  # (B, 2K): room for K that go on
+        cand = (scores[:, :, None] + logprobs.view(a, k, v)).view(a, k * v)  # (A, K·V)
+        top, top_idx = cand.topk(2 * k, dim=-1)  # (A, 2K): room for K that go on
         parent, token = top_idx // v, top_idx % v
         lp = length_penalty(length, config.length_penalty)
-        live = (top > neg) & ~done[:, None]  # (B, 2K) real candidates of running sentences
+        live = top > neg  # (A, 2K) real candidates
         is_eos = token == eos
         # An EOS among the best K candidates finishes a hypothesis (the prefix, without EOS).
         finishes = live & is_eos & (rank < k)
         n_finished += finishes.sum(-1)
         eos_score = torch.where(finishes, top / lp, neg)
-        first = eos_score.argmax(-1)  # (B,) the first best of this step's finished
-        offer(
-            eos_score[rows, first],
-            history[rows, parent[rows, first]],
-            torch.full((b,), step, device=device),
-        )
+        first = eos_score.argmax(-1)  # (A,) the first best of this step's finished
+        rows = torch.arange(a, device=device)
+        offer(eos_score[rows, first], history[rows, parent[rows, first]], step)
         # The K best candidates that are not EOS go on, in rank order.
-        order = torch.where(is_eos, rank + 2 * k, rank).argsort(-1)[:, :k]  # (B, K)
+        order = torch.where(is_eos, rank + 2 * k, rank).argsort(-1)[:, :k]  # (A, K)
         next_scores = top.gather(1, order)
         next_parent, next_token = parent.gather(1, order), token.gather(1, order)
-        go_on = live.gather(1, order) & ~is_eos.gather(1, order)  # (B, K)
+        go_on = live.gather(1, order) & ~is_eos.gather(1, order)  # (A, K)
         next_scores = torch.where(go_on, next_scores, neg)
         next_token = torch.where(go_on, next_token, eos)
-        history = history[rows[:, None], next_parent]  # (B, K, steps): the parents' prefixes
+        history = history[rows[:, None], next_parent]  # (A, K, steps): the parents' prefixes
         history[:, :, step] = next_token
         # The length limit: open hypotheses finish as they are.
-        at_limit = ~done & (limits == length)
+        at_limit = limits == length  # (A,)
         limit_score = torch.where(go_on & at_limit[:, None], next_scores / lp, neg)
         first = limit_score.argmax(-1)
-        offer(
-            limit_score[rows, first], history[rows, first], torch.full((b,), length, device=device)
-        )
-        done |= at_limit
+        offer(limit_score[rows, first], history[rows, first], length)
+        done = at_limit | ~go_on.any(-1)
         if config.early_stopping:
             done |= n_finished >= k
         if bool(done.all()):
             break
-        flat = (rows[:, None] * k + next_parent).view(-1)  # (B·K,) rows of the surviving parents
-        cache.reorder(flat)
+        if bool(done.any()):  # those sentences leave: keep the rows of the others
+            stay = (~done).nonzero().squeeze(1)  # (A',) positions among the alive
+            alive, limits, n_finished = alive[stay], limits[stay], n_finished[stay]
+            history, next_scores = history[stay], next_scores[stay]
+            next_parent, next_token = next_parent[stay], next_token[stay]
+            cache.reorder((stay[:, None] * k + next_parent).view(-1), memory_index=stay)
+        else:
+            cache.reorder((rows[:, None] * k + next_parent).view(-1))
         tokens = next_token.view(-1, 1)
-        # Finished sentences stop competing (their rows idle along).
-        scores = torch.where(done[:, None], fresh, next_scores)
+        scores = next_scores
     return _as_lists(best_tokens, best_len)

@@ -11,12 +11,14 @@ unknown) are masked out of every step, so they never appear in a translation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD, UNK
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.models import EncoderDecoder
+from aiayn.nn.linear import packed_for_inference
 
 NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
 
@@ -64,13 +66,17 @@ def translate(
         (i for i, e in enumerate(encoded) if e is not None), key=lambda i: len(encoded[i] or [])
     )
     out = [""] * len(lines)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        src = pad([encoded[i] or [] for i in chunk], pad_id).to(next(model.parameters()).device)
-        if beam is None:
-            hyps = greedy_decode(model, src, bos=bos, eos=eos, never=never)
-        else:
-            hyps = beam_search(model, src, bos=bos, eos=eos, config=beam, never=never)
-        for i, ids in zip(chunk, hyps, strict=True):
-            out[i] = tokenizer.decode(ids).strip()
+    rows = min(batch_size, len(order)) * (1 if beam is None else beam.beam_size)
+    packing = packed_for_inference(model, rows=rows) if rows > 1 else nullcontext()
+    with packing:  # the weights packed once for all batches
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            src = pad([encoded[i] or [] for i in chunk], pad_id)
+            src = src.to(next(model.parameters()).device)
+            if beam is None:
+                hyps = greedy_decode(model, src, bos=bos, eos=eos, never=never)
+            else:
+                hyps = beam_search(model, src, bos=bos, eos=eos, config=beam, never=never)
+            for i, ids in zip(chunk, hyps, strict=True):
+                out[i] = tokenizer.decode(ids).strip()
     return out

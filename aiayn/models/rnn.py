@@ -57,8 +57,9 @@ class RNNCache:
         self.memory_mask: Tensor | None = None  # (B, S) True at real source tokens
         self.length = 0
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (B',): beam search's surviving parents."""
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        """Keep rows ``index`` (B',): beam search's surviving parents.  The encoder states are
+        kept per row here, so they follow ``index`` (``memory_index`` is not needed)."""
         if isinstance(self.state, tuple):
             self.state = (self.state[0][:, index], self.state[1][:, index])
         elif self.state is not None:
@@ -67,6 +68,19 @@ class RNNCache:
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value[index])
+
+
+def _per_row(memory: Tensor, keep: Tensor | None, rows: int) -> tuple[Tensor, Tensor | None]:
+    """(B, S, C) encoder states shared by groups of ``rows`` / B decoder rows -> one per row
+    (each row has its own recurrent state, so the states are kept per row)."""
+    groups = rows // memory.shape[0]
+    if groups * memory.shape[0] != rows:
+        raise ValueError(
+            f"the encoder output has {memory.shape[0]} rows for {rows} decoder rows: expected as"
+            " many, or one per group of equally many rows (beam search)"
+        )
+    memory = memory.repeat_interleave(groups, 0)
+    return memory, None if keep is None else keep.repeat_interleave(groups, 0)
 
 
 class AdditiveAttention(nn.Module):
@@ -177,6 +191,8 @@ class RNNEncoderDecoder(EncoderDecoder):
             if cache.state is None:  # the first step: the encoder output starts the decoder
                 if memory is None:
                     raise ValueError("the first decoding step needs the encoder output (memory)")
+                if memory.shape[0] != tgt.shape[0]:  # one sentence for a group of beams
+                    memory, src_keep = _per_row(memory, src_keep, tgt.shape[0])
                 cache.memory, cache.memory_mask = memory, src_keep
                 cache.keys = None if self.attention is None else self.attention.key(memory)
                 cache.state = self.initial_state(memory, src_keep)

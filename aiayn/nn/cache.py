@@ -58,6 +58,25 @@ def _append(buf: Tensor, seen: int, new: Tensor, rolling: bool) -> tuple[Tensor,
     return buf, read
 
 
+def _select_rows(buf: Tensor, index: Tensor, length: int) -> Tensor:
+    """(B, H, N, D) buffer -> (B', H, N, D) with rows ``index``, copying only the first
+    ``length`` slots when fewer are filled (the rest are left unset)."""
+    n = min(length, buf.shape[2])
+    if n == buf.shape[2]:
+        return buf.index_select(0, index)
+    out = buf.new_empty((index.shape[0], *buf.shape[1:]))
+    torch.index_select(buf.narrow(2, 0, n), 0, index, out=out.narrow(2, 0, n))
+    return out
+
+
+def _follow(x: Tensor, rows: int, index: Tensor, memory_index: Tensor | None) -> Tensor:
+    """A tensor of the source side, reordered with ``rows`` batch rows by ``index``: as the
+    rows when it has one per row, else (one per group of rows) by ``memory_index`` or not."""
+    if x.shape[0] == rows:
+        return x.index_select(0, index)
+    return x if memory_index is None else x.index_select(0, memory_index)
+
+
 class KVCache:
     """One self-attention layer's keys and values: growing (``capacity`` slots) or rolling
     (``window`` slots)."""
@@ -101,9 +120,12 @@ class KVCache:
         return k_all, v_all
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',), e.g. the surviving beams' parents."""
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+        """Keep batch rows ``index`` (B',), e.g. the surviving beams' parents.  Only the filled
+        slots are copied: the rest are never read before they are written."""
+        self.k, self.v = (
+            _select_rows(self.k, index, self.length),
+            _select_rows(self.v, index, self.length),
+        )
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
@@ -119,11 +141,16 @@ class LayerCache:
     cross_kv: tuple[Tensor, Tensor] | None = None
     state: Any = None  # has .reorder(index) and .nbytes()
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        """Keep rows ``index``; cross-attention keys/values as :meth:`Cache.reorder` says."""
+        rows = self.self_kv.k.shape[0]
         self.self_kv.reorder(index)
         if self.cross_kv is not None:
             k, v = self.cross_kv
-            self.cross_kv = (k.index_select(0, index), v.index_select(0, index))
+            self.cross_kv = (
+                _follow(k, rows, index, memory_index),
+                _follow(v, rows, index, memory_index),
+            )
         if self.state is not None:
             self.state.reorder(index)
 
@@ -242,16 +269,24 @@ class Cache:
         self.seen += t
         return key_mask, positions, key_positions
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        """Keep batch rows ``index`` (B',): beam search's surviving parents.
+
+        What belongs to the source sentence -- cross-attention keys and values, the source
+        mask -- follows ``index`` when it has one row per batch row.  When it has one row per
+        group of rows (beam search keeps one per sentence for its K beams), it stays as it is,
+        or keeps the rows ``memory_index`` when given (sentences that have finished leave).
+        """
+        rows = self.layers[0].self_kv.k.shape[0] if self.layers else index.shape[0]
         for layer in self.layers:
-            layer.reorder(index)
+            layer.reorder(index, memory_index)
         if self.positions is not None and self.positions.shape[0] > 1:
             self.positions = self.positions.index_select(0, index)
         if self.key_mask is not None and self.real is not None:
             self.key_mask = self.key_mask.index_select(0, index)
             self.real = self.real.index_select(0, index)
         if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, index)
+            self.memory_mask = _follow(self.memory_mask, rows, index, memory_index)
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)

@@ -185,9 +185,13 @@ def _gemv(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
 def packed_for_inference(model: nn.Module, rows: int = 1) -> Iterator[None]:
     """Within the block, every :class:`Linear` of ``model`` running without gradients uses a
     weight packed once for oneDNN (``rows`` is a hint of the rows per call).  The packed copy
-    costs as much memory as the weights; it is released on exit."""
+    costs as much memory as the weights; it is released on exit.  Blocks nest: an inner
+    block keeps (and leaves) the packing of an outer one, so a caller that decodes many
+    batches packs once (aiayn/generate/translate.py)."""
     layers = [
-        m for m in model.modules() if isinstance(m, Linear) and _fast_path(m.weight, m.weight)
+        m
+        for m in model.modules()
+        if isinstance(m, Linear) and _fast_path(m.weight, m.weight) and m.packed is None
     ]
     try:
         with torch.no_grad():

@@ -6,6 +6,10 @@ Self-attention projects one sequence to queries, keys and values with one fused 
 ``qkv`` = [W^Q; W^K; W^V] (the layout of ``torch.nn.MultiheadAttention.in_proj_weight``).
 Cross-attention (§3.2.3, "encoder-decoder attention") takes queries from the decoder and keys
 and values from the encoder output ``memory``, with ``q`` and a fused ``kv`` projection.
+Beam search decodes K hypotheses of one sentence against the same memory: the memory may
+then hold one row per group of consecutive query rows, and each group's queries are folded
+into one row of K·T queries (:func:`fold_groups`), so the encoder's keys and values are
+computed, cached and read once per sentence instead of once per beam.
 
 ``n_kv_heads`` < ``n_heads`` gives grouped-query attention (Ainslie et al., 2023); 1 gives
 multi-query attention (Shazeer, 2019): groups of query heads share one key/value head, which
@@ -28,6 +32,19 @@ from aiayn.nn.attention import attend, attention_scores
 from aiayn.nn.context import AttentionRecord, Context
 from aiayn.nn.linear import Linear
 from aiayn.nn.masks import add_bias
+
+
+def fold_groups(q: Tensor, rows: int) -> Tensor:
+    """(R·G, H, T, D) queries -> (R, H, G·T, D): each group of G consecutive rows becomes one
+    row whose queries are the group's, in order (queries attend independently, so this is
+    exact)."""
+    g = q.shape[0] // rows
+    return q.unflatten(0, (rows, g)).transpose(1, 2).flatten(2, 3)
+
+
+def unfold_groups(x: Tensor, groups: int) -> Tensor:
+    """The inverse of :func:`fold_groups`: (R, H, G·T, X) -> (R·G, H, T, X)."""
+    return x.unflatten(2, (groups, -1)).transpose(1, 2).flatten(0, 1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -130,10 +147,19 @@ class MultiHeadAttention(nn.Module):
         """
         if x.dim() != 3:
             raise ValueError(f"attention input must be (B, T, d_model), got {tuple(x.shape)}")
+        groups = 1
         if self.cross:
             q = self._heads(self.q(x), self.n_heads)  # (B, H, T, D)
-            k, v = self._cross_kv(ctx)  # (B, H_kv, S, D)
+            k, v = self._cross_kv(ctx)  # (B', H_kv, S, D): B' = B, or B / G sentences
             mask, causal, window = ctx.memory_mask, False, None
+            groups = q.shape[0] // max(k.shape[0], 1)
+            if groups * k.shape[0] != q.shape[0]:
+                raise ValueError(
+                    f"cross-attention memory has {k.shape[0]} rows for {q.shape[0]} query rows:"
+                    " expected as many, or one per group of equally many rows (beam search)"
+                )
+            if groups > 1:
+                q = fold_groups(q, k.shape[0])  # (B/G, H, G·T, D)
         else:
             q, k, v = self.self_qkv(x, ctx)
             if ctx.cache is not None:
@@ -142,59 +168,44 @@ class MultiHeadAttention(nn.Module):
             causal, window = ctx.causal, ctx.window
         record = ctx.record
         want = record is not None and record.wants_attention
+        scores: Tensor | None = None
+        weights: Tensor | None
         if self.score_w is not None:
-            return self._additive(q, k, v, mask, causal, window, ctx)
-        out, weights = attend(
-            q,
-            k,
-            v,
-            mask,
-            is_causal=causal,
-            window=window,
-            scale=self.scale,
-            dropout_p=self.attention_dropout if self.training else 0.0,
-            return_weights=want and record.weights,  # type: ignore[union-attr]
-            backend_name="reference" if want else self.backend,
-        )
+            dropout = self.attention_dropout if self.training else 0.0
+            out, additive_weights = additive_attention(
+                q, k, v, self.score_w, mask, is_causal=causal, window=window, dropout_p=dropout
+            )  # (B, H, T, D), (B, H, T, S)
+            weights = additive_weights.detach()
+            if want and record.scores:  # type: ignore[union-attr]
+                scores = additive_scores(q, k, self.score_w)
+        else:
+            out, weights = attend(
+                q,
+                k,
+                v,
+                mask,
+                is_causal=causal,
+                window=window,
+                scale=self.scale,
+                dropout_p=self.attention_dropout if self.training else 0.0,
+                return_weights=want and record.weights,  # type: ignore[union-attr]
+                backend_name="reference" if want else self.backend,
+            )
+            if want and record.scores:  # type: ignore[union-attr]
+                scores = attention_scores(q, k, self.scale)
         if want:
             assert record is not None
-            scores = attention_scores(q, k, self.scale).detach().float() if record.scores else None
+            weights = weights if record.weights else None
+            scores = None if scores is None else scores.detach().float()
+            if groups > 1:  # one record row per query row
+                weights = None if weights is None else unfold_groups(weights, groups)
+                scores = None if scores is None else unfold_groups(scores, groups)
             record.attention.append(
                 AttentionRecord(self.stream, self.layer, weights, scores, causal, window)
             )
-        out = out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
-        return self.out(out)
-
-    def _additive(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        causal: bool,
-        window: int | None,
-        ctx: Context,
-    ) -> Tensor:
-        """The same sublayer with Bahdanau's additive scores in place of Eq. (1)'s."""
-        assert self.score_w is not None
-        dropout = self.attention_dropout if self.training else 0.0
-        out, weights = additive_attention(
-            q, k, v, self.score_w, mask, is_causal=causal, window=window, dropout_p=dropout
-        )  # (B, H, T, D), (B, H, T, S)
-        record = ctx.record
-        if record is not None and record.wants_attention:
-            scores = additive_scores(q, k, self.score_w).detach().float() if record.scores else None
-            record.attention.append(
-                AttentionRecord(
-                    self.stream,
-                    self.layer,
-                    weights.detach() if record.weights else None,
-                    scores,
-                    causal,
-                    window,
-                )
-            )
-        return self.out(out.transpose(1, 2).flatten(2))  # (B, T, H*D) -> (B, T, C)
+        if groups > 1:
+            out = unfold_groups(out, groups)  # (B, H, T, D)
+        return self.out(out.transpose(1, 2).flatten(2))  # (B, H, T, D) -> (B, T, C)
 
     @torch.no_grad()
     def load_from_torch(self, ref: nn.MultiheadAttention) -> None:

@@ -190,3 +190,23 @@ def test_explorer_and_attention_pictures_take_an_rnn_checkpoint(tmp_path: Path) 
     assert entry.describe()["parameters"] == model.num_parameters()
     paths = attention_maps(tmp_path / "ckpt", "ein hund", tmp_path / "fig", target_text="a dog")
     assert list(paths) == ["cross"] and paths["cross"].stat().st_size > 1000
+
+
+@pytest.mark.parametrize(("rnn", "attention"), KINDS)
+def test_beam_search_takes_one_memory_row_per_sentence(rnn: str, attention: bool) -> None:
+    """Beam search hands the decoder one encoder row per sentence for its K beams; an RNN
+    keeps them per row.  Batched beams equal each sentence decoded alone."""
+    model = small(rnn, attention)
+    src = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(0))
+    src[1, 4:] = 0
+    cfg = aiayn.generate.beam.BeamConfig(3, 0.6, max_extra=4)
+    batched = beam_search(model, src, bos=1, eos=2, config=cfg)
+    alone = [
+        beam_search(model, src[i : i + 1, : int((src[i] != 0).sum())], bos=1, eos=2, config=cfg)[0]
+        for i in range(3)
+    ]
+    assert batched == alone
+    assert all(len(h) > 0 for h in batched)
+    memory, keep = model.encode(src)
+    with pytest.raises(ValueError, match="3 rows for 7 decoder rows"):
+        model.decode(torch.ones(7, 1, dtype=torch.long), memory, keep, cache=model.new_cache(7))

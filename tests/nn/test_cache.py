@@ -107,3 +107,36 @@ def test_reorder_selects_rows() -> None:
     cache.layers[0].self_kv.update(torch.arange(3.0).view(3, 1, 1, 1), torch.zeros(3, 1, 1, 1))
     cache.reorder(torch.tensor([2, 2, 0]))
     assert cache.layers[0].self_kv.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+
+
+def test_reorder_copies_the_filled_slots_and_keeps_shared_memory_per_sentence() -> None:
+    """Rows follow ``index``; cross-attention K/V and the source mask follow it when they have
+    one row per batch row, stay when they have one per group (beam search), and keep
+    ``memory_index`` when given (finished sentences leave)."""
+    g = torch.Generator().manual_seed(0)
+    cache = Cache.empty(2, 6, 2, 10, 3)  # 3 sentences x 2 beams, 10 slots
+    keys = torch.randn(6, 2, 4, 3, generator=g)
+    for layer in cache.layers:
+        layer.self_kv.update(keys, -keys)
+        layer.cross_kv = (torch.randn(3, 2, 5, 3, generator=g), torch.randn(3, 2, 5, 3))
+    cache.memory_mask = torch.rand(3, 5, generator=g) > 0.5
+    cross, mask = cache.layers[1].cross_kv, cache.memory_mask
+    index = torch.tensor([1, 1, 2, 3, 5, 4])
+    cache.reorder(index)
+    kv = cache.layers[1].self_kv
+    assert kv.capacity == 10 and kv.length == 4
+    torch.testing.assert_close(kv.k[:, :, :4], keys[index])
+    torch.testing.assert_close(kv.v[:, :, :4], -keys[index])
+    kept = cache.layers[1].cross_kv
+    assert kept is not None and kept[0] is cross[0] and kept[1] is cross[1]  # shared: as is
+    assert cache.memory_mask is mask
+    cache.reorder(torch.tensor([4, 5]), memory_index=torch.tensor([2]))  # one sentence left
+    torch.testing.assert_close(cache.layers[1].self_kv.k[:, :, :4], keys[index][[4, 5]])
+    assert cache.layers[1].cross_kv is not None
+    torch.testing.assert_close(cache.layers[1].cross_kv[0], cross[0][[2]])
+    assert torch.equal(cache.memory_mask, mask[[2]])
+    # One memory row per batch row: it follows the rows.
+    per_row = Cache.empty(1, 3, 1, 4, 1)
+    per_row.layers[0].cross_kv = (torch.arange(3.0).view(3, 1, 1, 1), torch.zeros(3, 1, 1, 1))
+    per_row.reorder(torch.tensor([2, 0, 0]))
+    assert per_row.layers[0].cross_kv[0].flatten().tolist() == [2.0, 0.0, 0.0]

@@ -102,3 +102,13 @@ def test_one_row_without_gradients_takes_gemv_and_equals_f_linear() -> None:
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
     assert layer(x).requires_grad  # with gradients it stays on the autograd path
+
+
+def test_packed_blocks_nest_and_the_outer_one_owns_the_packing() -> None:
+    model = torch.nn.Sequential(Linear(32, 64), Linear(64, 16))
+    with torch.no_grad(), packed_for_inference(model, rows=8):
+        packed = [m.packed for m in model]
+        with packed_for_inference(model, rows=4):
+            assert [m.packed for m in model] == packed  # the same tensors: not packed again
+        assert [m.packed for m in model] == packed  # the inner block left them in place
+    assert all(m.packed is None for m in model)

@@ -104,3 +104,31 @@ def test_bad_construction_and_input() -> None:
         MultiHeadAttention(32, 4)(torch.randn(5, 32), Context())
     with pytest.raises(ValueError, match="attention_backend='cuda'"):
         MultiHeadAttention(32, 4, backend="cuda")
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_memory_shared_by_groups_of_rows_equals_repeating_it(score: str) -> None:
+    """Beam search gives one memory row per sentence for its K query rows: folding the K rows'
+    queries into one row must give what K copies of the memory give, records included."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4, cross=True, score=score).eval()
+    b, k = 3, 4
+    x, memory = torch.randn(b * k, 2, 32), torch.randn(b, 7, 32)
+    keep = torch.rand(b, 7) > 0.3
+    keep[:, 0] = True
+
+    def run(mem: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Record]:
+        record = Record(weights=True, scores=True)
+        ctx = Context(memory=mem, memory_mask=mask[:, None, None, :], record=record)
+        return attn(x, ctx), record
+
+    shared, rec_shared = run(memory, keep)
+    repeated, rec_repeated = run(memory.repeat_interleave(k, 0), keep.repeat_interleave(k, 0))
+    torch.testing.assert_close(shared, repeated, atol=1e-6, rtol=1e-6)
+    (a,), (r,) = rec_shared.attention, rec_repeated.attention
+    assert a.weights is not None and r.weights is not None and a.scores is not None
+    assert a.weights.shape == (b * k, 4, 2, 7)
+    torch.testing.assert_close(a.weights, r.weights, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(a.scores, r.scores, atol=1e-5, rtol=1e-5)
+    with torch.no_grad(), pytest.raises(ValueError, match="5 rows for 12 query rows"):
+        attn(x, Context(memory=torch.randn(5, 7, 32)))
