@@ -175,7 +175,10 @@ def _forward(
     out = q.new_empty(n, t, g, dv)
     lse = q.new_empty(n, t, g)
     k_t = k.transpose(1, 2)  # (N, D, S)
-    maskless = not tiling.causal and masks.user is None  # no row can be empty: no guard needed
+    # No row can be empty -- every query sees key 0, which its first key tile holds -- unless
+    # a user mask, a window, or more queries than keys (causal) can hide all of a row's keys.
+    # Then the -inf guard below is not needed.
+    maskless = masks.user is None and tiling.window is None and tiling.offset >= 0
     for i0, i1 in tiling.query_tiles():
         q_i = q[:, i0:i1].reshape(n, -1, d) * (scale * LOG2E)  # (N, tq*G, D): base-2 scores
         rows = q_i.shape[1]
