@@ -17,7 +17,9 @@ implementations interleaved round by round, medians with min-max (benchmarks/rou
    MFU = training FLOPs (aiayn.inspect.calc, PaLM count) / time / torch.mm's rate in the same
    dtype, measured in the same run.
 2. Beam search (beam 4, alpha 0.6, up to source length + 50) on Multi30k test sentences at
-   batch 64 and batch 1 against HF Marian's ``generate(num_beams=4)``.  Random weights, so
+   batch 64 and batch 1 against HF Marian's ``generate(num_beams=4)``; and at batch 64 with
+   every sentence of a batch as long as its longest ("equal": the same work for both, since
+   HF's one limit per call decodes every sentence to the longest one's).  Random weights, so
    neither stops early; HF is held to the same length.  With ``--dtype bfloat16`` both
    models' weights are cast to bf16.
 
@@ -128,11 +130,19 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
 
 
 def sources(case: dict[str, Any]) -> torch.Tensor:
-    """Random ids at the lengths of real Multi30k test sentences (BPE-like: words + 4)."""
+    """Random ids at the lengths of real Multi30k test sentences (BPE-like: words + 4).
+
+    With ``case["equal"]`` every sentence of a batch is as long as the batch's longest, so
+    both decoders do the same work: HF's ``generate`` has one length limit per call and
+    decodes every sentence to the longest one's, where aiayn stops each at its own source
+    length + 50 (§6.1) and drops it from the batch."""
     lines = read_lines(Path(case["data"]) / "multi30k" / "test_2016_flickr.de.gz")
     lines = lines[: case["sentences"]]
     g = torch.Generator().manual_seed(0)
     lengths = [min(len(line.split()) + 4, 40) for line in lines]
+    if case.get("equal"):
+        b = case["batch"]
+        lengths = [max(lengths[i - i % b : i - i % b + b]) for i in range(len(lengths))]
     src = torch.full((len(lines), max(lengths)), PAD, dtype=torch.long)
     for i, n in enumerate(lengths):
         src[i, :n] = torch.randint(3, V, (n,), generator=g)
@@ -229,8 +239,20 @@ def main() -> int:
     results["train_ms_per_step"] = rows
 
     beam_cases = [
-        {"name": f"b{b}/{impl}", "what": "beam", "impl": impl, "batch": b, "sentences": n, **common}
-        for b, n in ((64, args.sentences), (1, args.sentences_b1))
+        {
+            "name": f"b{b}{tag}/{impl}",
+            "what": "beam",
+            "impl": impl,
+            "batch": b,
+            "sentences": n,
+            "equal": tag == "=",
+            **common,
+        }
+        for b, n, tag in (
+            (64, args.sentences, ""),
+            (64, args.sentences, "="),
+            (1, args.sentences_b1, ""),
+        )
         for impl in ("aiayn", "hf-marian")
     ]
     got = interleaved(__file__, beam_cases, args.rounds)
@@ -240,14 +262,15 @@ def main() -> int:
         runs = got[case["name"]]
         if runs:
             beams[case["name"]] = spread([case["sentences"] / r["s"] for r in runs])
-    for b in (64, 1):
+    for b in ("64", "64=", "1"):  # "64=": every sentence of a batch at the longest's length
         ours_s, hf_s = beams.get(f"b{b}/aiayn"), beams.get(f"b{b}/hf-marian")
         ratio = ours_s["median"] / hf_s["median"] if ours_s and hf_s else math.nan
         for name, sp in ((f"b{b}/aiayn", ours_s), (f"b{b}/hf-marian", hf_s)):
             if sp is not None:
                 sp["aiayn_faster"] = 1.0 if name.endswith("aiayn") else ratio
+                label = f"batch {b.rstrip('=')}{' equal' if b.endswith('=') else ''}"
                 print(
-                    f"{'batch ' + str(b) + ' ' + name.split('/')[1]:<24}{cell(sp, '.2f'):>22}{sp['aiayn_faster']:>13.2f}x"
+                    f"{label + ' ' + name.split('/')[1]:<24}{cell(sp, '.2f'):>22}{sp['aiayn_faster']:>13.2f}x"
                 )
     results["beam_sentences_per_s"] = beams
     results["rates_after"] = host_rates()

@@ -58,14 +58,19 @@ def _append(buf: Tensor, seen: int, new: Tensor, rolling: bool) -> tuple[Tensor,
     return buf, read
 
 
-def _select_rows(buf: Tensor, index: Tensor, length: int) -> Tensor:
-    """(B, H, N, D) buffer -> (B', H, N, D) with rows ``index``, copying only the first
-    ``length`` slots when fewer are filled (the rest are left unset)."""
+def _select_rows(buf: Tensor, index: Tensor, length: int, out: Tensor | None = None) -> Tensor:
+    """(B, H, N, D) buffer -> (B', H, N, D) with rows ``index`` (into ``out`` when given, a
+    different buffer), copying only the first ``length`` slots when fewer are filled (the
+    rest are left unset)."""
     n = min(length, buf.shape[2])
+    if out is None:
+        if n == buf.shape[2]:
+            return buf.index_select(0, index)
+        out = buf.new_empty((index.shape[0], *buf.shape[1:]))
     if n == buf.shape[2]:
-        return buf.index_select(0, index)
-    out = buf.new_empty((index.shape[0], *buf.shape[1:]))
-    torch.index_select(buf.narrow(2, 0, n), 0, index, out=out.narrow(2, 0, n))
+        torch.index_select(buf, 0, index, out=out)
+    else:
+        torch.index_select(buf.narrow(2, 0, n), 0, index, out=out.narrow(2, 0, n))
     return out
 
 
@@ -98,6 +103,11 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0  # positions seen so far (may exceed the slots when rolling)
+        # Reorders alternate between two buffers (the second made on the first reorder), so
+        # beam search does not allocate -- and fault in -- a fresh cache at every step.  Only
+        # a cache that owns its buffers does this (not a view of a serving pool: ``over``).
+        self._bases: tuple[Tensor, Tensor] | None = (self.k, self.v)
+        self._spare: tuple[Tensor, Tensor] | None = None
 
     @classmethod
     def over(cls, k: Tensor, v: Tensor, length: int) -> KVCache:
@@ -106,6 +116,7 @@ class KVCache:
         aiayn/serve/slots.py)."""
         cache = cls.__new__(cls)
         cache.rolling, cache.k, cache.v, cache.length = False, k, v, length
+        cache._bases = cache._spare = None
         return cache
 
     @property
@@ -122,10 +133,20 @@ class KVCache:
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',), e.g. the surviving beams' parents.  Only the filled
         slots are copied: the rest are never read before they are written."""
-        self.k, self.v = (
-            _select_rows(self.k, index, self.length),
-            _select_rows(self.v, index, self.length),
-        )
+        rows = index.shape[0]
+        if self._bases is None or rows > self._bases[0].shape[0]:  # no buffers to alternate
+            self.k = _select_rows(self.k, index, self.length)
+            self.v = _select_rows(self.v, index, self.length)
+            if self._bases is not None:
+                self._bases, self._spare = (self.k, self.v), None
+            return
+        if self._spare is None:
+            self._spare = (torch.empty_like(self._bases[0]), torch.empty_like(self._bases[1]))
+        k, v = self._spare[0][:rows], self._spare[1][:rows]  # contiguous: leading rows
+        _select_rows(self.k, index, self.length, out=k)
+        _select_rows(self.v, index, self.length, out=v)
+        self._bases, self._spare = self._spare, self._bases
+        self.k, self.v = k, v
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
