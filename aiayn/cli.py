@@ -760,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-hf", metavar="DIR", help="an HF folder (config.json, safetensors)")
     way.add_argument(
-        "--to-hf", metavar="FAMILY", choices=["gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "marian"],
+        "--to-hf", metavar="FAMILY", choices=["gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "marian", "bart"],
         help="write --checkpoint as this HF family",
     )  # fmt: skip
     p.add_argument("--checkpoint", help="the aiayn checkpoint to export (with --to-hf)")

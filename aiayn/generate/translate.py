@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 from aiayn.data.batching import pad
-from aiayn.data.bpe import BOS, EOS, PAD, UNK
+from aiayn.data.bpe import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.models import EncoderDecoder
@@ -28,6 +28,16 @@ def specials(tokenizer: BPETokenizer | MarianTokenizer) -> tuple[int, int, int, 
     ids; Marian starts from <pad> and ends with </s> (its tokenizer appends it)."""
     if isinstance(tokenizer, MarianTokenizer):
         return tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, (tokenizer.pad_id,)
+    # Any other tokenizer must reserve ids as aiayn's BPE does, or decoding would start, end
+    # and pad with the wrong tokens (a BART folder's has <s>=0, <pad>=1, </s>=2).
+    for i, name in enumerate(SPECIAL_TOKENS):
+        found = tokenizer.tok.id_to_token(i)
+        if found != name:
+            raise ValueError(
+                f"the tokenizer's id {i} is {found!r}, where translation expects {name!r}"
+                f" (ids 0-3 = {', '.join(SPECIAL_TOKENS)}, aiayn's BPE layout); this"
+                " checkpoint's tokenizer is not one translate() can drive"
+            )
     return BOS, EOS, PAD, NEVER
 
 

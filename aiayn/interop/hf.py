@@ -318,10 +318,14 @@ def _assign(dst: Tensor, src: Tensor, name: str) -> None:
     dst.copy_(src)
 
 
-def split_index(name: str) -> tuple[str, int | None]:
-    """ "a.b[3]" -> ("a.b", 3): slice 3 (along dim 0) of the HF tensor a.b; "a.b" -> ("a.b", None)."""
+def split_index(name: str) -> tuple[str, int | slice | None]:
+    """ "a.b[3]" -> ("a.b", 3): slice 3 (along dim 0) of the HF tensor a.b; "a.b[2:]" ->
+    ("a.b", slice(2, None)): its rows from 2 on (BART's offset position table); "a.b" ->
+    ("a.b", None)."""
     if name.endswith("]"):
         base, _, index = name[:-1].rpartition("[")
+        if index.endswith(":"):
+            return base, slice(int(index[:-1]), None)
         return base, int(index)
     return name, None
 

@@ -15,8 +15,8 @@ an error naming it, never a partial load.
 Saving writes the HF names (the fused projections split again), in shards of at most
 ``max_shard_bytes``, with the index HF's ``from_pretrained`` reads.
 
-Families: GPT-2, Llama, Mistral, Qwen2, Mixtral (aiayn/interop/hf.py holds their name maps) and BERT
-(aiayn/interop/bert.py).  A BERT folder loads with what it holds: the pooler if its weights are
+Families: GPT-2, Llama, Mistral, Qwen2, Mixtral (aiayn/interop/hf.py holds their name maps), BERT
+(aiayn/interop/bert.py), Marian (aiayn/interop/marian.py) and BART (aiayn/interop/bart.py).  A BERT folder loads with what it holds: the pooler if its weights are
 there, the masked-LM head if its weights are there (bert-base-uncased and its kin hold both,
 plus a next-sentence head, which is left out).
 """
@@ -39,6 +39,7 @@ from aiayn.checkpoint.atomic import write_atomically
 from aiayn.checkpoint.bundle import Bundle, load_bundle, save_bundle
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
+from aiayn.interop.bart import _bart_config, bart_names, config_from_bart
 from aiayn.interop.bert import NSP_WEIGHTS, _bert_config, bert_names, config_from_bert
 from aiayn.interop.hf import (
     NameMap,
@@ -59,7 +60,7 @@ SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 FAMILIES = {
     "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
-    "mixtral": "Mixtral", "bert": "BERT", "marian": "Marian",
+    "mixtral": "Mixtral", "bert": "BERT", "marian": "Marian", "bart": "BART",
 }  # fmt: skip
 # Buffers older checkpoints carry (GPT-2's causal masks, BERT's position ids), not weights:
 # skipped when present.
@@ -148,6 +149,12 @@ def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path], dic
         # The sinusoid tables are often not stored: they are computed when absent.
         names = [n for n in names if "embed_positions" not in n[1][0] or n[1][0] in files]
         return family, config, names, files, stored_as
+    if family == "BART":
+        config = config_from_bart(hf_config)
+        tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                "lm_head.weight")  # copies of model.shared  # fmt: skip
+        files = {n: p for n, p in files.items() if n not in tied}
+        return family, config, bart_names(config), files, stored_as
     if family == "GPT-2":
         config = config_from_gpt2(hf_config)
         return family, config, _gpt2_names(config), files, stored_as
@@ -178,7 +185,7 @@ def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
         model: TransformerModel
         if family == "BERT":
             model = EncoderLM(config)
-        elif family == "Marian":
+        elif family in ("Marian", "BART"):
             model = EncoderDecoder(config)
         else:
             model = DecoderLM(config)
@@ -311,8 +318,13 @@ def _fill(
                 if index is not None:
                     whole, (begin, end) = meta["shape"], meta["data_offsets"]
                     step = (end - begin) // whole[0]
-                    meta.update(shape=whole[1:], data_offsets=[begin + index * step,
-                                                                begin + (index + 1) * step])  # fmt: skip
+                    if isinstance(index, slice):  # rows from index.start on
+                        first = index.start or 0
+                        meta.update(shape=[whole[0] - first, *whole[1:]],
+                                    data_offsets=[begin + first * step, end])  # fmt: skip
+                    else:
+                        meta.update(shape=whole[1:], data_offsets=[begin + index * step,
+                                                                    begin + (index + 1) * step])  # fmt: skip
                 shape = tuple(meta["shape"])
                 if transposed:
                     shape = shape[::-1]
@@ -343,7 +355,10 @@ def _fill(
                     part.copy_(t.t() if transposed else t)
                 offset += rows
             if offset != dst.shape[0]:
-                raise ValueError(f"{ours}: {offset} rows filled, expected {dst.shape[0]}")
+                raise ValueError(
+                    f"{ours} <- {', '.join(hf_names)}: {offset} rows filled, expected"
+                    f" {dst.shape[0]}"
+                )
     finally:
         for handle in handles.values():
             handle.close()
@@ -420,10 +435,14 @@ def save_hf_folder(
     max_shard_bytes: int = 5 * 2**30,
 ) -> Path:
     """Write ``model`` as a Hugging Face ``family`` checkpoint folder ("gpt2", "llama",
-    "mistral", "qwen2", "mixtral", "bert"), atomically; shards of at most ``max_shard_bytes`` with an
+    "mistral", "qwen2", "mixtral", "bert", "marian", "bart"), atomically; shards of at most ``max_shard_bytes`` with an
     index, and the tokenizer as ``tokenizer.json`` when given."""
     name = _family_of(family)
-    if name == "Marian":
+    if name == "BART":
+        hf_config = _bart_config(model.config, None)
+        names = bart_names(model.config)
+        architecture = "BartForConditionalGeneration"
+    elif name == "Marian":
         hf_config = _marian_config(model.config, None)
         names = marian_names(model.config)
         architecture = "MarianMTModel"
@@ -452,7 +471,12 @@ def save_hf_folder(
     indexed: dict[str, dict[int, torch.Tensor]] = {}
     for h in [h for h in tensors if h.endswith("]")]:  # slices of one HF tensor: stack them
         base, index = split_index(h)
-        indexed.setdefault(base, {})[int(index or 0)] = tensors.pop(h)
+        part = tensors.pop(h)
+        if isinstance(index, slice):  # rows from index.start on: the rows before are zeros
+            first = index.start or 0
+            tensors[base] = torch.cat([part.new_zeros(first, *part.shape[1:]), part])
+        else:
+            indexed.setdefault(base, {})[int(index or 0)] = part
     for base, parts in indexed.items():
         tensors[base] = torch.stack([parts[i] for i in sorted(parts)]).contiguous()
     stored = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
