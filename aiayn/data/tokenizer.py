@@ -140,6 +140,12 @@ class MarianTokenizer:
         pieces = self.src.encode(text, out_type=str)
         return [*(self.vocab.get(p, self.unk_id) for p in pieces), self.eos_id]
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target-language ids, cut by the target SentencePiece model, without ``</s>``: the
+        decoder's input after its ``<pad>`` start."""
+        pieces = self.tgt.encode(text, out_type=str)
+        return [self.vocab.get(p, self.unk_id) for p in pieces]
+
     def decode(self, ids: list[int]) -> str:
         pieces = [self.pieces[i] for i in ids if i in self.pieces and i not in self.specials]
         return str(self.tgt.decode_pieces(pieces))

@@ -32,10 +32,12 @@ class NotApplicable(ValueError):
     """A view the chosen model cannot give, e.g. a translation from a language model (HTTP 422)."""
 
 
-def _encode(loaded: Loaded, text: str, what: str) -> tuple[list[int], list[str]]:
+def _encode(
+    loaded: Loaded, text: str, what: str, *, target: bool = False
+) -> tuple[list[int], list[str]]:
     if not text.strip():
         raise ValueError(f"the {what} is empty: type at least one character")
-    return encode(loaded.tokenizer, text, what)
+    return encode(loaded.tokenizer, text, what, target=target)
 
 
 def _check_length(loaded: Loaded, ids: list[int], what: str) -> None:
@@ -115,7 +117,9 @@ def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
     labels = {"source": src_labels}
     if isinstance(model, EncoderDecoder):
         (src, labels["source"]), (tgt, labels["target"]) = as_trained(
-            loaded.tokenizer, (src, src_labels), _encode(loaded, target or text, "target")
+            loaded.tokenizer,
+            (src, src_labels),
+            _encode(loaded, target or text, "target", target=True),
         )
         _check_length(loaded, src, "text")
         _check_length(loaded, tgt, "target")

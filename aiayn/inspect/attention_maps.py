@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from aiayn.checkpoint import load_bundle
 from aiayn.config import ModelConfig, get_preset, presets
-from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, MarianTokenizer, Tokenizer
 from aiayn.inspect import figures
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 
@@ -41,9 +40,16 @@ def untrained_config(
     return config
 
 
-def encode(tokenizer: Tokenizer, text: str, what: str) -> tuple[list[int], list[str]]:
-    """Token ids of ``text`` and a readable label per token; an error if there are none."""
-    ids = tokenizer.encode(text)
+def encode(
+    tokenizer: Tokenizer, text: str, what: str, *, target: bool = False
+) -> tuple[list[int], list[str]]:
+    """Token ids of ``text`` and a readable label per token; an error if there are none.
+    ``target``: the text is an encoder-decoder's target (Marian cuts it with its target
+    SentencePiece model)."""
+    if target and isinstance(tokenizer, MarianTokenizer):
+        ids = tokenizer.encode_target(text)
+    else:
+        ids = tokenizer.encode(text)
     if not ids:
         raise ValueError(f"the {what} is empty after tokenizing: give at least one token")
     return ids, token_labels(tokenizer, text, ids)
@@ -54,7 +60,11 @@ Encoded = tuple[list[int], list[str]]
 
 def as_trained(tokenizer: Tokenizer, source: Encoded, target: Encoded) -> tuple[Encoded, Encoded]:
     """Encoder-decoder inputs framed as in training: source + </s>, <s> + target (BPE models;
-    a character model has no special tokens)."""
+    a character model has no special tokens).  Marian's source already ends with </s>, and
+    its decoder starts from <pad>."""
+    if isinstance(tokenizer, MarianTokenizer):
+        tgt, tgt_labels = target
+        return source, ([tokenizer.pad_id, *tgt], ["<pad>", *tgt_labels])
     if not isinstance(tokenizer, BPETokenizer):
         return source, target
     from aiayn.data.bpe import BOS, EOS
@@ -72,7 +82,9 @@ def _load(
     if Path(name).is_dir():
         if overrides:
             raise ValueError("overrides apply to a preset, not to a trained checkpoint")
-        bundle = load_bundle(name)
+        from aiayn.interop.hf_folder import load_checkpoint  # aiayn's, or an HF folder
+
+        bundle = load_checkpoint(name)
         return bundle.model, bundle.tokenizer
     if name not in presets():
         raise ValueError(
@@ -93,6 +105,8 @@ def token_labels(tokenizer: Tokenizer, text: str, ids: list[int]) -> list[str]:
     """A readable label per token: the characters of the text it covers."""
     if isinstance(tokenizer, CharTokenizer):
         return list(text)
+    if isinstance(tokenizer, MarianTokenizer):  # its SentencePiece pieces, specials by name
+        return [tokenizer.pieces.get(i, f"<{i}>") for i in ids]
     if isinstance(tokenizer, BPETokenizer):
         enc = tokenizer.tok.encode(text)
         labels = [text[a:b] or t for (a, b), t in zip(enc.offsets, enc.tokens, strict=True)]
@@ -136,7 +150,7 @@ def attention_maps(
     with torch.no_grad():
         if isinstance(model, EncoderDecoder):
             (src, src_labels), (tgt, tgt_labels) = as_trained(
-                tokenizer, (src, src_labels), encode(tokenizer, target, "target text")
+                tokenizer, (src, src_labels), encode(tokenizer, target, "target text", target=True)
             )
             for what, ids in (("text", src), ("target text", tgt)):
                 if len(ids) > max_len:

@@ -197,3 +197,33 @@ def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # 
                           bad_words_ids=[[hf.config.pad_token_id]])  # fmt: skip
     want = [theirs.decode(row, skip_special_tokens=True).strip() for row in out]
     assert got == want
+
+
+def test_attention_views_frame_marian_pairs_as_hf_trains_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The attention pictures and the explorer feed a Marian model what HF's training feeds it:
+    the source with its </s>, and the decoder input <pad> + the target cut by the *target*
+    SentencePiece model (HF's labels shifted right)."""
+    pytest.importorskip("sentencepiece")
+    from aiayn.inspect.attention_maps import as_trained, attention_maps, encode
+    from aiayn.interop.hf_folder import load_checkpoint
+
+    hf, _ = _marian_folder(tmp_path)
+    theirs = transformers.MarianTokenizer(
+        source_spm=str(tmp_path / "source.spm"), target_spm=str(tmp_path / "target.spm"),
+        vocab=str(tmp_path / "vocab.json"),
+    )  # fmt: skip
+    tokenizer = load_checkpoint(tmp_path).tokenizer
+    src_text, tgt_text = "Ein Hund läuft.", "A dog runs across the park."
+    (src, src_labels), (tgt, tgt_labels) = as_trained(
+        tokenizer,  # type: ignore[arg-type]
+        encode(tokenizer, src_text, "text"),  # type: ignore[arg-type]
+        encode(tokenizer, tgt_text, "target", target=True),  # type: ignore[arg-type]
+    )
+    batch = theirs(src_text, text_target=tgt_text)
+    assert src == batch["input_ids"] and src_labels[-1] == "</s>"
+    pad = hf.config.pad_token_id
+    assert tgt == [pad, *batch["labels"][:-1]] and tgt_labels[0] == "<pad>"
+    assert tgt != [pad, *theirs(tgt_text)["input_ids"][:-1]]  # the source model cuts otherwise
+    written = attention_maps(tmp_path, src_text, tmp_path / "maps", target_text=tgt_text)
+    assert set(written) == {"encoder", "decoder", "cross"}
+    assert all(p.is_file() for p in written.values())
