@@ -27,7 +27,14 @@ from __future__ import annotations
 from typing import Any
 
 from aiayn.config import ModelConfig
-from aiayn.interop.hf import NameMap, _check, _copy, _transformers, weights_and_biases
+from aiayn.interop.hf import (
+    NameMap,
+    _check,
+    _transformers,
+    copied_from_hf,
+    copied_to_hf,
+    weights_and_biases,
+)
 from aiayn.models.encoder import EncoderLM
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -126,10 +133,7 @@ def from_hf_bert(hf_model: Any) -> EncoderLM:
     """A ``BertModel`` or ``BertForMaskedLM`` as an :class:`EncoderLM` with identical weights."""
     pooler, mlm_head, prefix = _kind(hf_model)
     config = config_from_bert(hf_model.config, pooler=pooler, mlm_head=mlm_head)
-    model = EncoderLM(config)
-    _copy(model, hf_model, bert_names(config, prefix), to_hf=False, family="BERT")
-    ref = next(hf_model.parameters())
-    return model.to(device=ref.device, dtype=ref.dtype).train(hf_model.training)
+    return copied_from_hf(EncoderLM(config), hf_model, bert_names(config, prefix), "BERT")
 
 
 def to_hf_bert(model: EncoderLM, *, attn_implementation: str | None = None) -> Any:
@@ -147,6 +151,4 @@ def to_hf_bert(model: EncoderLM, *, attn_implementation: str | None = None) -> A
         hf_model, prefix = transformers.BertForMaskedLM(hf_config), "bert."
     else:
         hf_model, prefix = transformers.BertModel(hf_config, add_pooling_layer=c.pooler), ""
-    _copy(model, hf_model, bert_names(c, prefix), to_hf=True, family="BERT")
-    ref = model.embed.token.weight
-    return hf_model.to(device=ref.device, dtype=ref.dtype).train(model.training)
+    return copied_to_hf(model, hf_model, bert_names(c, prefix), "BERT")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -43,6 +43,7 @@ from aiayn.models.decoder import DecoderLM
 
 # (our parameter, HF parameters concatenated along our dim 0, HF stores it transposed)
 NameMap = list[tuple[str, tuple[str, ...], bool]]
+M = TypeVar("M", bound=nn.Module)
 
 # GPT2Config.activation_function -> ours ("gelu_new" is GPT-2's tanh approximation of GELU)
 _GPT2_ACTIVATIONS: dict[str, Activation] = {
@@ -363,17 +364,26 @@ def _copy(ours: nn.Module, hf: nn.Module, names: NameMap, *, to_hf: bool, family
             _assign(mine[o], torch.cat(parts, dim=0), o)
 
 
-def _from_hf(hf_model: nn.Module, config: ModelConfig, names: NameMap, family: str) -> DecoderLM:
-    model = DecoderLM(config)
+def copied_from_hf(model: M, hf_model: nn.Module, names: NameMap, family: str) -> M:
+    """``model``, freshly built, with ``hf_model``'s weights, device, dtype and mode."""
     _copy(model, hf_model, names, to_hf=False, family=family)
     ref = next(hf_model.parameters())
     return model.to(device=ref.device, dtype=ref.dtype).train(hf_model.training)
 
 
-def _to_hf(model: DecoderLM, hf_model: nn.Module, names: NameMap, family: str) -> Any:
+def copied_to_hf(model: nn.Module, hf_model: M, names: NameMap, family: str) -> M:
+    """``hf_model``, freshly built, with ``model``'s weights, device, dtype and mode."""
     _copy(model, hf_model, names, to_hf=True, family=family)
-    ref = model.head.weight
+    ref = next(model.parameters())
     return hf_model.to(device=ref.device, dtype=ref.dtype).train(model.training)
+
+
+def _from_hf(hf_model: nn.Module, config: ModelConfig, names: NameMap, family: str) -> DecoderLM:
+    return copied_from_hf(DecoderLM(config), hf_model, names, family)
+
+
+def _to_hf(model: DecoderLM, hf_model: nn.Module, names: NameMap, family: str) -> Any:
+    return copied_to_hf(model, hf_model, names, family)
 
 
 def from_hf_gpt2(hf_model: Any) -> DecoderLM:

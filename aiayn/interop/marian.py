@@ -35,12 +35,65 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.interop.hf import NameMap, _check, _copy, _transformers, weights_and_biases
+from aiayn.interop.hf import (
+    NameMap,
+    _check,
+    _transformers,
+    copied_from_hf,
+    copied_to_hf,
+    weights_and_biases,
+)
 from aiayn.models.encoder_decoder import EncoderDecoder
 
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu",
                 "gelu_new": "gelu_tanh"}  # fmt: skip
 _ACTIVATIONS_BACK = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
+
+
+def seq2seq_config(hf_config: Any, family: str, activation: str, **fields: Any) -> ModelConfig:
+    """What a Marian or BART config (``family`` names it in errors) says of a post-LN
+    encoder-decoder with biases, learned position tables and tied embeddings, plus ``fields``."""
+    c = hf_config
+    if (
+        c.encoder_attention_heads != c.decoder_attention_heads
+        or c.encoder_ffn_dim != c.decoder_ffn_dim
+    ):
+        raise ValueError(
+            f"{family} with different encoder and decoder heads or ffn_dim cannot be"
+            " converted: aiayn's stacks share them"
+        )
+    return ModelConfig(
+        arch="encoder-decoder", vocab_size=c.vocab_size, n_layers=c.encoder_layers,
+        n_decoder_layers=None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
+        d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
+        max_len=c.max_position_embeddings, positional="learned", norm="layernorm",
+        norm_position="post", activation=activation, bias=True, dropout=c.dropout,
+        attention_dropout=c.attention_dropout, scale_embeddings=bool(c.scale_embedding),
+        tie_embeddings=True, pad_id=c.pad_token_id, head_bias=True, init_std=c.init_std,
+        **fields,
+    )  # fmt: skip
+
+
+def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]) -> dict[str, Any]:
+    """The inverse: the HF config fields of a Marian or BART model, after checking that
+    ``config`` is one (``activations`` maps aiayn's names to the family's)."""
+    c = config
+    want = f"ModelConfig (for {family})"
+    _check(want, c, arch=("encoder-decoder",), positional=("learned",), norm=("layernorm",))
+    _check(want, c, norm_position=("post",), activation=tuple(activations), bias=(True,))
+    _check(want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.n_heads,))
+    _check(want, c, head_dim=(c.d_model // c.n_heads,), attention_score=("dot",))
+    _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
+    _check(want, c, src_vocab_size=(None, c.vocab_size))
+    return dict(
+        vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.n_layers,
+        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
+        activation_function=activations[c.activation], dropout=c.dropout,
+        attention_dropout=c.attention_dropout, activation_dropout=0.0,
+        max_position_embeddings=c.max_len, scale_embedding=c.scale_embeddings,
+        init_std=c.init_std,
+    )  # fmt: skip
 
 
 def config_from_marian(hf_config: Any) -> ModelConfig:
@@ -50,45 +103,16 @@ def config_from_marian(hf_config: Any) -> ModelConfig:
     _check("MarianConfig", c, activation_function=tuple(_ACTIVATIONS), normalize_before=(False,))
     _check("MarianConfig", c, share_encoder_decoder_embeddings=(True,), add_bias_logits=(False,))
     _check("MarianConfig", c, decoder_vocab_size=(None, c.vocab_size))
-    if (
-        c.encoder_attention_heads != c.decoder_attention_heads
-        or c.encoder_ffn_dim != c.decoder_ffn_dim
-    ):
-        raise ValueError(
-            "MarianConfig with different encoder and decoder heads or ffn_dim cannot be"
-            " converted: aiayn's stacks share them"
-        )
-    return ModelConfig(
-        arch="encoder-decoder", vocab_size=c.vocab_size, n_layers=c.encoder_layers,
-        n_decoder_layers=None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
-        d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
-        max_len=c.max_position_embeddings, positional="learned", norm="layernorm",
-        norm_position="post", activation=_ACTIVATIONS[c.activation_function], bias=True,
-        dropout=c.dropout, attention_dropout=c.attention_dropout,
-        scale_embeddings=bool(c.scale_embedding), tie_embeddings=True, pad_id=c.pad_token_id,
-        head_bias=True, init_std=c.init_std,
-    )  # fmt: skip
+    return seq2seq_config(c, "MarianConfig", _ACTIVATIONS[c.activation_function])
 
 
 def _marian_config(config: ModelConfig, attn_implementation: str | None, **ids: int) -> Any:
     """ModelConfig -> ``MarianConfig`` (inverse of :func:`config_from_marian`)."""
-    c = config
-    want = "ModelConfig (for Marian)"
-    _check(want, c, arch=("encoder-decoder",), positional=("learned",), norm=("layernorm",))
-    _check(want, c, norm_position=("post",), activation=tuple(_ACTIVATIONS_BACK), bias=(True,))
-    _check(want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.n_heads,))
-    _check(want, c, head_dim=(c.d_model // c.n_heads,), attention_score=("dot",))
-    _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
-    _check(want, c, embedding_norm=(False,), src_vocab_size=(None, c.vocab_size))
-    pad = c.pad_id if c.pad_id is not None else c.vocab_size - 1
+    fields = seq2seq_fields(config, "Marian", _ACTIVATIONS_BACK)
+    _check("ModelConfig (for Marian)", config, embedding_norm=(False,))
+    pad = config.pad_id if config.pad_id is not None else config.vocab_size - 1
     return _transformers().MarianConfig(
-        vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.n_layers,
-        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads,
-        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
-        activation_function=_ACTIVATIONS_BACK[c.activation], dropout=c.dropout,
-        attention_dropout=c.attention_dropout, activation_dropout=0.0,
-        max_position_embeddings=c.max_len, scale_embedding=c.scale_embeddings,
-        init_std=c.init_std, pad_token_id=pad, decoder_start_token_id=ids.get("start", pad),
+        **fields, pad_token_id=pad, decoder_start_token_id=ids.get("start", pad),
         eos_token_id=ids.get("eos", 0), attn_implementation=attn_implementation,
     )  # fmt: skip
 
@@ -140,15 +164,10 @@ def marian_positions(n_positions: int, dim: int) -> torch.Tensor:
 def from_hf_marian(hf_model: Any) -> EncoderDecoder:
     """A ``MarianMTModel`` as an :class:`EncoderDecoder` with identical weights."""
     config = config_from_marian(hf_model.config)
-    model = EncoderDecoder(config)
-    _copy(model, hf_model, marian_names(config), to_hf=False, family="Marian")
-    ref = next(hf_model.parameters())
-    return model.to(device=ref.device, dtype=ref.dtype).train(hf_model.training)
+    return copied_from_hf(EncoderDecoder(config), hf_model, marian_names(config), "Marian")
 
 
 def to_hf_marian(model: EncoderDecoder, *, attn_implementation: str | None = None) -> Any:
     """A ``MarianMTModel`` with ``model``'s weights."""
     hf_model = _transformers().MarianMTModel(_marian_config(model.config, attn_implementation))
-    _copy(model, hf_model, marian_names(model.config), to_hf=True, family="Marian")
-    ref = model.head.weight
-    return hf_model.to(device=ref.device, dtype=ref.dtype).train(model.training)
+    return copied_to_hf(model, hf_model, marian_names(model.config), "Marian")

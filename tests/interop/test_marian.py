@@ -165,6 +165,14 @@ def _marian_folder(folder, vocab_size: int = 80):  # type: ignore[no-untyped-def
     return hf, vocab
 
 
+def _their_tokenizer(folder):  # type: ignore[no-untyped-def]
+    """HF's MarianTokenizer over the folder's two SentencePiece models and vocabulary."""
+    return transformers.MarianTokenizer(
+        source_spm=str(folder / "source.spm"), target_spm=str(folder / "target.spm"),
+        vocab=str(folder / "vocab.json"),
+    )  # fmt: skip
+
+
 def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Marian's tokenizer (two SentencePiece models, one vocabulary) gives HF's MarianTokenizer
     ids and text; `translate` (greedy) on the folder gives HF generate's translation."""
@@ -174,10 +182,7 @@ def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # 
     from aiayn.interop.hf_folder import load_checkpoint
 
     hf, vocab = _marian_folder(tmp_path)
-    theirs = transformers.MarianTokenizer(
-        source_spm=str(tmp_path / "source.spm"), target_spm=str(tmp_path / "target.spm"),
-        vocab=str(tmp_path / "vocab.json"),
-    )  # fmt: skip
+    theirs = _their_tokenizer(tmp_path)
     bundle = load_checkpoint(tmp_path)
     ours = bundle.tokenizer
     assert isinstance(ours, MarianTokenizer)
@@ -208,10 +213,7 @@ def test_attention_views_frame_marian_pairs_as_hf_trains_them(tmp_path) -> None:
     from aiayn.interop.hf_folder import load_checkpoint
 
     hf, _ = _marian_folder(tmp_path)
-    theirs = transformers.MarianTokenizer(
-        source_spm=str(tmp_path / "source.spm"), target_spm=str(tmp_path / "target.spm"),
-        vocab=str(tmp_path / "vocab.json"),
-    )  # fmt: skip
+    theirs = _their_tokenizer(tmp_path)
     tokenizer = load_checkpoint(tmp_path).tokenizer
     src_text, tgt_text = "Ein Hund läuft.", "A dog runs across the park."
     (src, src_labels), (tgt, tgt_labels) = as_trained(
