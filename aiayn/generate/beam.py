@@ -30,14 +30,13 @@ Shapes: B sentences, K beam size, S source length, V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from aiayn.models.encoder_decoder import EncoderDecoder
-from aiayn.nn.linear import packed_for_inference
+from aiayn.nn.linear import packed_for_rows
 
 
 @dataclass(frozen=True)
@@ -95,9 +94,7 @@ def greedy_decode(
 ) -> list[list[int]]:
     """Most likely next token at every step; output ids exclude BOS and EOS."""
     model.eval()
-    with ExitStack() as packing:
-        if src.shape[0] > 1:  # several rows a step: packed weights (one row: BLAS's gemv)
-            packing.enter_context(packed_for_inference(model, rows=src.shape[0]))
+    with packed_for_rows(model, src.shape[0]):
         return _greedy(model, src, bos, eos, max_extra, never)
 
 
@@ -138,11 +135,9 @@ def beam_search(
 ) -> list[list[int]]:
     """The best hypothesis per sentence (ids without BOS/EOS), by length-normalised score."""
     model.eval()
-    with ExitStack() as packing:
-        if src.shape[0] * config.beam_size > 1:
-            # One weight layout for the whole search: K·B rows per step is a small matrix
-            # product, faster from a packed weight (aiayn/nn/linear.py).
-            packing.enter_context(packed_for_inference(model, rows=src.shape[0] * config.beam_size))
+    # One weight layout for the whole search: K·B rows per step is a small matrix product,
+    # faster from a packed weight (aiayn/nn/linear.py).
+    with packed_for_rows(model, src.shape[0] * config.beam_size):
         return _beam_search(model, src, bos, eos, config, never)
 
 
@@ -170,9 +165,8 @@ def _beam_search(
     # carry the rows of the short ones that ended long ago.
     alive = torch.arange(b, device=device)
     history = torch.zeros(b, k, steps, dtype=torch.long, device=device)  # (A, K, steps)
-    fresh = torch.full((1, k), neg, device=device)
-    fresh[:, 0] = 0.0  # all beams start identical: expand only the first
-    scores = fresh.expand(b, k).clone()  # (A, K) cumulative log-probabilities
+    scores = torch.full((b, k), neg, device=device)  # (A, K) cumulative log-probabilities
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
     n_finished = torch.zeros(b, dtype=torch.long, device=device)  # (A,)
     # Each sentence's best finished hypothesis so far, over all B sentences.
     best = torch.full((b,), neg, device=device)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
-from aiayn.nn.linear import packed_for_inference
+from aiayn.nn.linear import packed_for_rows
 
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
 
@@ -96,11 +96,10 @@ def stream(
     packing = ExitStack()
     threads = torch.get_num_threads()
     try:
-        if b > 1:
-            # One weight layout for the whole generation: several rows per step are a small
-            # matrix product, which oneDNN does far faster from a packed weight
-            # (aiayn/nn/linear.py).  One row goes to BLAS's gemv on the weight itself.
-            packing.enter_context(packed_for_inference(model, rows=b))
+        # One weight layout for the whole generation: several rows per step are a small
+        # matrix product, which oneDNN does far faster from a packed weight
+        # (aiayn/nn/linear.py).  One row goes to BLAS's gemv on the weight itself.
+        packing.enter_context(packed_for_rows(model, b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
         if b == 1 and device.type == "cpu" and logits.dtype == torch.float32:

@@ -11,14 +11,13 @@ unknown) are masked out of every step, so they never appear in a translation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.models import EncoderDecoder
-from aiayn.nn.linear import packed_for_inference
+from aiayn.nn.linear import packed_for_rows
 
 NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
 
@@ -77,8 +76,7 @@ def translate(
     )
     out = [""] * len(lines)
     rows = min(batch_size, len(order)) * (1 if beam is None else beam.beam_size)
-    packing = packed_for_inference(model, rows=rows) if rows > 1 else nullcontext()
-    with packing:  # the weights packed once for all batches
+    with packed_for_rows(model, rows):  # the weights packed once for all batches
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             src = pad([encoded[i] or [] for i in chunk], pad_id)

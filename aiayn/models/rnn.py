@@ -42,6 +42,7 @@ from aiayn.nn.attention import masked_softmax
 from aiayn.nn.context import AttentionRecord, Record
 from aiayn.nn.embedding import check_ids
 from aiayn.nn.linear import Linear
+from aiayn.nn.multihead import memory_groups
 
 State = Tensor | tuple[Tensor, Tensor]  # GRU: h; LSTM: (h, c) -- each (L, B, C)
 
@@ -73,12 +74,7 @@ class RNNCache:
 def _per_row(memory: Tensor, keep: Tensor | None, rows: int) -> tuple[Tensor, Tensor | None]:
     """(B, S, C) encoder states shared by groups of ``rows`` / B decoder rows -> one per row
     (each row has its own recurrent state, so the states are kept per row)."""
-    groups = rows // memory.shape[0]
-    if groups * memory.shape[0] != rows:
-        raise ValueError(
-            f"the encoder output has {memory.shape[0]} rows for {rows} decoder rows: expected as"
-            " many, or one per group of equally many rows (beam search)"
-        )
+    groups = memory_groups(rows, memory.shape[0], "the encoder output", "decoder")
     memory = memory.repeat_interleave(groups, 0)
     return memory, None if keep is None else keep.repeat_interleave(groups, 0)
 

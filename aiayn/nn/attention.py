@@ -27,6 +27,7 @@ gets an all-zero output and zero gradients -- never NaN -- in every backend.
 from __future__ import annotations
 
 import math
+import time
 from typing import Protocol
 
 import torch
@@ -142,8 +143,6 @@ def _probe_written_out(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, grad: b
     """Time SDPA against the written-out equation on inputs of these shapes (forward, and
     backward when ``grad``), best of 3 after a warm-up; True if written out is faster.  The
     inputs come from a generator of its own, so the global random state is untouched."""
-    import time
-
     g = torch.Generator().manual_seed(0)
     q, k, v = (
         torch.randn(x.shape, generator=g).to(x.dtype).requires_grad_(grad) for x in (q, k, v)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -179,6 +179,13 @@ def _gemv(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     if b is not None:
         np.add(out, b.detach().numpy(), out=out)
     return torch.from_numpy(out)
+
+
+def packed_for_rows(model: nn.Module, rows: int) -> AbstractContextManager[None]:
+    """What decoding ``rows`` rows per step wants: weights packed for oneDNN when there are
+    several (:func:`packed_for_inference`), nothing for one (it goes to BLAS's gemv on the
+    weight itself)."""
+    return packed_for_inference(model, rows=rows) if rows > 1 else nullcontext()
 
 
 @contextmanager

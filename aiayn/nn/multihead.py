@@ -34,6 +34,19 @@ from aiayn.nn.linear import Linear
 from aiayn.nn.masks import add_bias
 
 
+def memory_groups(rows: int, memory_rows: int, memory: str, queries: str) -> int:
+    """How many consecutive query rows share each memory row: 1, or K when beam search gives
+    one memory row per sentence for its K beams.  ``memory`` and ``queries`` name the two in
+    the error for any other count."""
+    groups = rows // max(memory_rows, 1)
+    if groups * memory_rows != rows:
+        raise ValueError(
+            f"{memory} has {memory_rows} rows for {rows} {queries} rows: expected as many, or"
+            " one per group of equally many rows (beam search)"
+        )
+    return groups
+
+
 def fold_groups(q: Tensor, rows: int) -> Tensor:
     """(R·G, H, T, D) queries -> (R, H, G·T, D): each group of G consecutive rows becomes one
     row whose queries are the group's, in order (queries attend independently, so this is
@@ -152,12 +165,7 @@ class MultiHeadAttention(nn.Module):
             q = self._heads(self.q(x), self.n_heads)  # (B, H, T, D)
             k, v = self._cross_kv(ctx)  # (B', H_kv, S, D): B' = B, or B / G sentences
             mask, causal, window = ctx.memory_mask, False, None
-            groups = q.shape[0] // max(k.shape[0], 1)
-            if groups * k.shape[0] != q.shape[0]:
-                raise ValueError(
-                    f"cross-attention memory has {k.shape[0]} rows for {q.shape[0]} query rows:"
-                    " expected as many, or one per group of equally many rows (beam search)"
-                )
+            groups = memory_groups(q.shape[0], k.shape[0], "cross-attention memory", "query")
             if groups > 1:
                 q = fold_groups(q, k.shape[0])  # (B/G, H, G·T, D)
         else:

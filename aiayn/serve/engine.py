@@ -28,7 +28,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models import DecoderLM
-from aiayn.nn.linear import packed_for_inference
+from aiayn.nn.linear import packed_for_rows
 from aiayn.serve.slots import SlotPool
 
 
@@ -213,11 +213,9 @@ class Engine:
     def _loop(self) -> None:
         threads = self.threads
         try:
-            with torch.inference_mode(), ExitStack() as packing:
-                if self.max_batch > 1:
-                    # Several rows per step are a small matrix product, which oneDNN does far
-                    # faster from a weight packed once (aiayn/nn/linear.py), as generate() does.
-                    packing.enter_context(packed_for_inference(self.model, rows=self.max_batch))
+            # Several rows per step are a small matrix product, which oneDNN does far faster
+            # from a weight packed once (aiayn/nn/linear.py), as generate() does.
+            with torch.inference_mode(), packed_for_rows(self.model, self.max_batch):
                 while True:
                     with self.lock:
                         while not (
