@@ -5,9 +5,12 @@ at a time and against HF ``generate`` behind the same kind of endpoint.
 
 The model is the 6-layer, 384-wide GPT of benchmarks/lm.py (65 characters, context 320), its
 initial weights saved once as a checkpoint; what is measured is compute, not text quality.
-Three servers, each in a fresh process on 127.0.0.1, run one after the other:
+Four servers, each in a fresh process on 127.0.0.1, run one after the other:
 
 * ``aiayn``: ``aiayn serve`` with continuous batching (16 rows);
+* ``aiayn:12``: the same with a 12-row pool (``--max-batch 12``): at 16 concurrent requests, 4
+  wait in the queue while the others decode faster (a 16-row step on 2 cores reads more keys
+  and values than a 12-row one), trading time to first token for time per token;
 * ``aiayn-unbatched``: the same server with ``--no-batching`` (one request decodes at a time);
 * ``hf``: a FastAPI endpoint (this file, ``--hf-server``) that runs HF GPT2LMHeadModel's
   ``generate`` with its KV cache, one request at a time, streaming through a ``BaseStreamer``;
@@ -167,9 +170,9 @@ async def load(url: str, requests: list[dict[str, Any]], concurrency: int) -> di
             while queue:
                 results.append(await one(client, url, queue.pop(0)))
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     tokens = sum(r["tokens"] for r in results)
 
     def pct(key: str, q: float) -> float:
@@ -177,7 +180,7 @@ async def load(url: str, requests: list[dict[str, Any]], concurrency: int) -> di
         return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
     return {"concurrency": concurrency, "requests": len(results), "tokens": tokens,
-            "wall_s": wall, "tok_s": tokens / wall,
+            "wall_s": wall, "tok_s": tokens / wall, "client_cpu_s": cpu,
             "ttft_p50_ms": 1000 * pct("ttft", 0.5), "ttft_p99_ms": 1000 * pct("ttft", 0.99),
             "tpot_p50_ms": 1000 * pct("tpot", 0.5), "tpot_p99_ms": 1000 * pct("tpot", 0.99),
             "tpot_mean_ms": 1000 * statistics.mean(r["tpot"] for r in results)}  # fmt: skip
@@ -195,8 +198,9 @@ def start(kind: str, checkpoint: Path, threads: int) -> tuple[subprocess.Popen, 
     if kind == "hf":
         cmd = [sys.executable, __file__, "--hf-server", str(checkpoint), "--port", str(port)]
     else:
+        rows = kind.split(":")[1] if ":" in kind else "16"
         cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(checkpoint),
-               "--port", str(port), "--max-batch", "16", "--max-queue", "256",
+               "--port", str(port), "--max-batch", rows, "--max-queue", "256",
                "--log-level", "warning", "--device", "cpu"]  # fmt: skip
         if kind == "aiayn-unbatched":
             cmd.append("--no-batching")
@@ -223,7 +227,7 @@ def main() -> int:
     )
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    ap.add_argument("--servers", nargs="+", default=["aiayn", "aiayn-unbatched", "hf"])
+    ap.add_argument("--servers", nargs="+", default=["aiayn", "aiayn:12", "aiayn-unbatched", "hf"])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--data", default=None)
     ap.add_argument("--json", default=str(RESULTS))
@@ -255,7 +259,7 @@ def main() -> int:
                     results[f"{kind}@{c}"] = got
                     print(f"{kind:>16} c={c:<3} {got['tok_s']:8.1f} tok/s  TTFT p50/p99 "
                           f"{got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT p50/p99 "
-                          f"{got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms", flush=True)  # fmt: skip
+                          f"{got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms  client CPU {got['client_cpu_s']:.2f} s of {got['wall_s']:.2f} s", flush=True)  # fmt: skip
             finally:
                 proc.terminate()
                 proc.wait(30)

@@ -63,10 +63,11 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _mask(logits: Tensor, never: Sequence[int]) -> Tensor:
-    """(N, V) logits with the ``never`` columns at -inf (the rest renormalise around them)."""
+def _mask_(logits: Tensor, never: Sequence[int]) -> Tensor:
+    """(N, V) logits with the ``never`` columns set to -inf in place (the rest renormalise
+    around them).  The logits are the decoder's fresh output, so writing into them saves a
+    copy of N·V floats per step."""
     if never:
-        logits = logits.clone()
         logits[:, list(never)] = float("-inf")
     return logits
 
@@ -112,7 +113,7 @@ def _greedy(
     done = torch.zeros(b, dtype=torch.bool, device=device)
     for step in range(steps):
         logits = model.decode(token, memory if step == 0 else None, keep, cache=cache)[:, -1]
-        token = _mask(logits, never).argmax(-1, keepdim=True)  # (B, 1)
+        token = _mask_(logits, never).argmax(-1, keepdim=True)  # (B, 1)
         ends = token[:, 0] == eos
         grows = ~done & ~ends
         out[:, step] = token[:, 0]
@@ -191,9 +192,10 @@ def _beam_search(
         logits = model.decode(
             tokens, memory if first_step else None, keep if first_step else None, cache=cache
         )[:, -1]
-        logprobs = _mask(logits.float(), never).log_softmax(-1)  # (A·K, V)
+        logprobs = _mask_(logits.float(), never).log_softmax(-1)  # (A·K, V)
         v = logprobs.shape[-1]
-        cand = (scores[:, :, None] + logprobs.view(a, k, v)).view(a, k * v)  # (A, K·V)
+        # in place: the log-probabilities are a fresh tensor, and B·K·V floats is megabytes
+        cand = logprobs.view(a, k, v).add_(scores[:, :, None]).view(a, k * v)  # (A, K·V)
         top, top_idx = cand.topk(2 * k, dim=-1)  # (A, 2K): room for K that go on
         parent, token = top_idx // v, top_idx % v
         lp = length_penalty(length, config.length_penalty)
