@@ -172,12 +172,15 @@ def _step_seconds(
 
 
 def _train(config: Path, out: Path, steps: int, root: Path) -> dict[str, Any]:
-    """``aiayn train`` to a fixed number of steps (resumed when the folder holds a run)."""
+    """``aiayn train`` to a fixed number of steps (resumed when the folder holds a run).
+    Every model trains on MKL's linear layers: the step times that fix the equal-wall-clock
+    budgets are measured with them, and oneDNN's host-dependent speed-up (aiayn/nn/linear.py)
+    would favour the Transformer, whose time is mostly linear layers."""
     from aiayn.checkpoint import RunDir
 
     resume = ["--resume"] if RunDir(out).latest() is not None else []
     cmd = [sys.executable, "-m", "aiayn", "train", str(config), "--out", str(out), "--data",
-           str(root), "--set", f"train.max_steps={steps}", *resume]  # fmt: skip
+           str(root), "--set", f"train.max_steps={steps}", "train.linear_kernel=mkl", *resume]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
     return {"steps": steps, "wall_s_last_invocation": time.perf_counter() - t0}

@@ -14,6 +14,9 @@ implementations interleaved round by round, medians with min-max (benchmarks/rou
    activations, where aiayn and the paper drop only sublayer outputs, so the only placement
    all three can share is none.  aiayn computes its loss as its trainer does (the chunked
    fused cross-entropy, ``model(src, tgt, targets=...)``); the peers through their logits.
+   In fp32 aiayn's linear layers run on oneDNN if it measures faster than MKL on this host at
+   the batch's row count (the probe the trainer runs, aiayn/train/loop.py); the row
+   "aiayn-mkl" forces MKL, to show how much of the result is the host's oneDNN.
    MFU = training FLOPs (aiayn.inspect.calc, PaLM count) / time / torch.mm's rate in the same
    dtype, measured in the same run.
 2. Beam search (beam 4, alpha 0.6, up to source length + 50) on Multi30k test sentences at
@@ -92,6 +95,8 @@ def marian() -> nn.Module:
 
 
 BUILD = {"aiayn": ours, "torch.nn.Transformer": TorchTransformer, "hf-marian": marian}
+# aiayn with MKL's linears forced (no oneDNN): how much of its fp32 lead is this host's oneDNN.
+VARIANTS = {"aiayn-mkl": ours}
 
 
 def autocast(dtype: str) -> torch.autocast:
@@ -102,9 +107,14 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
     """Median seconds of one optimizer step, after two untimed ones."""
     from bench_common import median_time
 
+    from aiayn.nn.linear import onednn_speedup, use_onednn
+
     torch.manual_seed(0)
     impl = case["impl"]
-    model = BUILD[impl]().train()
+    model = {**BUILD, **VARIANTS}[impl]().train()
+    onednn = (
+        impl == "aiayn" and case["dtype"] == "float32" and onednn_speedup(PAIRS * LEN, D, FF) > 1.05
+    )
     g = torch.Generator().manual_seed(0)
     src = torch.randint(3, V, (PAIRS, LEN), generator=g)
     tgt = torch.randint(3, V, (PAIRS, LEN + 1), generator=g)
@@ -112,7 +122,7 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
 
     def step() -> None:
         with autocast(case["dtype"]):
-            if impl == "aiayn":
+            if impl.startswith("aiayn"):
                 loss = model(src, tgt[:, :-1], targets=tgt[:, 1:], label_smoothing=0.1)
             else:
                 if impl == "hf-marian":
@@ -126,7 +136,8 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return {"s": median_time(step, case["repeat"])}
+    with use_onednn(onednn):
+        return {"s": median_time(step, case["repeat"]), "onednn": float(onednn)}
 
 
 def sources(case: dict[str, Any]) -> torch.Tensor:
@@ -213,7 +224,7 @@ def main() -> int:
 
     train_cases = [
         {"name": impl, "what": "train", "impl": impl, "repeat": args.repeat, **common}
-        for impl in BUILD
+        for impl in [*BUILD, *(VARIANTS if args.dtype == "float32" else {})]
     ]
     got = interleaved(__file__, train_cases, args.rounds)
     flops = training_flops_per_token(ours().config, LEN) * PAIRS * LEN

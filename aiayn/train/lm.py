@@ -36,7 +36,7 @@ class LMTask:
         )
 
     @property
-    def fixed_rows(self) -> int:
+    def linear_rows(self) -> int:
         return self.batch_size * self.block  # every batch is (batch_size, block)
 
     def next_batches(self, n: int, rank: int, world: int) -> list[Any]:

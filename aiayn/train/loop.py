@@ -206,13 +206,14 @@ def fit(
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if "linear" not in kernels:
         kernels["linear"] = "mkl" if tc.linear_kernel == "auto" else tc.linear_kernel
-        if tc.linear_kernel == "auto" and task.fixed_rows is not None and cpu_fp32:
+        rows = task.linear_rows
+        if tc.linear_kernel == "auto" and rows is not None and cpu_fp32:
             d = model.config.d_model
-            speedup = onednn_speedup(task.fixed_rows, d, 4 * d)
+            speedup = onednn_speedup(rows, d, 4 * d)
             kernels["linear"] = "onednn" if speedup > 1.05 else "mkl"
             logger.note(
                 f"linear layers: {'oneDNN' if kernels['linear'] == 'onednn' else 'MKL'}"
-                f" (oneDNN measured {speedup:.2f}x MKL on ({task.fixed_rows}, {d}) x"
+                f" (oneDNN measured {speedup:.2f}x MKL on ({rows}, {d}) x"
                 f" ({d}, {4 * d}) here)"
             )
     # oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused.

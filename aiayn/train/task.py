@@ -13,11 +13,13 @@ from aiayn.nn.context import Record
 
 class Task(Protocol):
     @property
-    def fixed_rows(self) -> int | None:
-        """Rows of a micro-batch's activations (B × T) when every batch has the same shape --
-        a language model's windows -- else None.  With fixed shapes the loop lets the linear
-        layers use oneDNN where it measures faster on this host (its kernels are built per
-        shape, so varying shapes would pile them up: aiayn/nn/linear.py)."""
+    def linear_rows(self) -> int | None:
+        """Rows of a micro-batch's activations (B × T) the linear layers see: a language
+        model's fixed windows, or the token budget of token-count batches; None when the shapes
+        are unknown.  The loop times oneDNN against MKL at this row count and keeps the faster
+        on this host (aiayn/nn/linear.py).  oneDNN builds a kernel per row count; rows are
+        padded to a multiple of ``ROW_MULTIPLE``, so batches of up to N tokens meet at most
+        N / 64 of them."""
         ...
 
     def next_batches(self, n: int, rank: int, world: int) -> list[Any]:

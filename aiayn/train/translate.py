@@ -55,8 +55,9 @@ class TranslationTask:
     """Epochs of shuffled token-count batches; the data position is (epoch, batch index)."""
 
     @property
-    def fixed_rows(self) -> None:
-        return None  # every batch has its own (B, S) and (B, T)
+    def linear_rows(self) -> int:
+        # every batch has its own (B, S) and (B, T), of about max_tokens rows each
+        return self.max_tokens
 
     def __init__(
         self,

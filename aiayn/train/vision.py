@@ -45,7 +45,7 @@ class ImageTask:
         return torch.randperm(len(self.split.train[1]), generator=g)
 
     @property
-    def fixed_rows(self) -> None:
+    def linear_rows(self) -> None:
         return None  # the last batch of an epoch is smaller
 
     def _next(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -162,3 +162,35 @@ def test_two_torchrun_processes_match_one_process(
     a, b = aiayn.load(tmp_path / "one" / "checkpoint"), aiayn.load(tmp_path / "two" / "checkpoint")
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_token_count_batches_pick_the_linear_kernel_at_their_token_budget(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Token-count batches change shape every step; their rows are padded to bounded shapes
+    (aiayn/nn/linear.py), so the run times oneDNN against MKL at its token budget and keeps the
+    faster.  The oneDNN run trains the same model as an MKL run, to fp32 rounding."""
+    import aiayn.train.loop as loop
+    from aiayn.checkpoint import RunDir
+
+    data, cfg = corpus
+    probed: list[int] = []
+
+    def onednn_faster(rows: int, *args: int, **kw: int) -> float:
+        probed.append(rows)
+        return 2.0
+
+    monkeypatch.setattr(loop, "onednn_speedup", onednn_faster)
+    used: list[bool] = []
+    real_use = loop.use_onednn
+    monkeypatch.setattr(loop, "use_onednn", lambda on: used.append(on) or real_use(on))
+    onednn = train_translation(load_run_config(cfg), tmp_path / "onednn", data, progress=False)
+    assert probed == [64] and used == [True]  # max_tokens = 64
+    assert RunDir(tmp_path / "onednn").load()[1].kernels == {"linear": "onednn"}
+
+    cfg.write_text(TOML + 'linear_kernel = "mkl"\n')
+    mkl = train_translation(load_run_config(cfg), tmp_path / "mkl", data, progress=False)
+    assert probed == [64] and used == [True, False]  # a kernel set in the config is not probed
+    assert [h["loss"] for h in onednn.history] == pytest.approx(
+        [h["loss"] for h in mkl.history], rel=1e-4
+    )
