@@ -208,9 +208,16 @@ def plot(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.32 * len(scored) + 1.5), sharey=True)
     y = list(range(len(scored)))[::-1]
     base = next((r for r in scored if r["row"] == "base"), None)
-    for ax, key, label in ((axes[0], "val_bleu", "BLEU (dev)"), (axes[1], "val_ppl", "PPL (dev)")):
-        values = [r[key] if math.isfinite(r[key]) else 0.0 for r in scored]
-        ax.barh(y, values, color=["#888" if r is base else "#4477aa" for r in scored])
+    # Perplexity on a log axis from 1 (its floor): a diverged row (hundreds) would otherwise
+    # flatten every other bar.
+    panels = ((axes[0], "val_bleu", "BLEU (dev)"), (axes[1], "val_ppl", "PPL (dev, log scale)"))
+    for ax, key, label in panels:
+        floor = 1.0 if key == "val_ppl" else 0.0
+        values = [r[key] if math.isfinite(r[key]) else floor for r in scored]
+        colors = ["#888" if r is base else "#4477aa" for r in scored]
+        ax.barh(y, [v - floor for v in values], left=floor, color=colors)
+        if key == "val_ppl":
+            ax.set_xscale("log")
         if base is not None:
             ax.axvline(base[key], color="#cc3311", lw=1)
         ax.set_xlabel(label)
