@@ -51,6 +51,9 @@ from aiayn.train.translate import encode_pairs, load_pairs, train_translation
 
 RESULT_FILE = "result.json"
 TIMING_FILE = "timing.json"
+# An invocation in progress: its start on the wall clock.  One killed outright (SIGKILL, a lost
+# machine) never writes its time; the next invocation finds this and counts it.
+OPEN_FILE = "timing.open.json"
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -63,6 +66,20 @@ def _write_json(path: Path, value: Any) -> None:
 def _timing(folder: Path) -> list[float]:
     path = folder / TIMING_FILE
     return [float(s) for s in json.loads(path.read_text())] if path.is_file() else []
+
+
+def _close_killed(folder: Path) -> None:
+    """Count an invocation that was killed before it could write its time: from its start to
+    its last checkpoint, the work that was kept (what came after is trained again)."""
+    marker = folder / OPEN_FILE
+    if not marker.is_file():
+        return
+    started = float(json.loads(marker.read_text())["started"])
+    latest = RunDir(folder).latest()
+    kept = 0.0 if latest is None else latest.stat().st_mtime - started
+    if kept > 0:  # it saved a checkpoint of its own
+        _write_json(folder / TIMING_FILE, [*_timing(folder), kept])
+    marker.unlink()
 
 
 def _defaults() -> dict[str, dict[str, Any]]:
@@ -253,9 +270,11 @@ def run_variant(
     # A run killed before its first checkpoint left only a log: nothing to resume, start over.
     resume = RunDir(folder).latest() is not None
     folder.mkdir(parents=True, exist_ok=True)
+    _close_killed(folder)
     rate = matmul_gflops(2048)
     say(f"{variant.name}: {'resuming' if resume else 'training'} ({rate:.0f} GFLOP/s fp32 here)")
     t0 = time.perf_counter()
+    _write_json(folder / OPEN_FILE, {"started": time.time()})
     diverged = None
     try:
         fit = _train(
@@ -271,6 +290,7 @@ def run_variant(
         diverged, fit = str(err), None
     finally:
         _write_json(folder / TIMING_FILE, [*_timing(folder), time.perf_counter() - t0])
+        (folder / OPEN_FILE).unlink(missing_ok=True)
     if fit is not None and not fit.complete:
         return None
     if diverged is not None and RunDir(folder).latest() is None:

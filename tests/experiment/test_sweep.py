@@ -267,3 +267,28 @@ def test_a_run_saved_before_a_setting_existed_is_the_same_run(
     (latest / "run.json").write_text(json.dumps(run_json))
     with pytest.raises(ValueError, match=r"other \[train\] settings \(label_smoothing\)"):
         _check_same_config(out / "runs" / "base", sweep.run_config(sweep.variants[0]), "base")
+
+
+def test_a_killed_invocation_counts_up_to_its_last_checkpoint(
+    setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A sweep killed outright (no chance to write its time) still has its kept training time
+    counted, from the start it put on record to its last checkpoint."""
+    from aiayn.checkpoint import RunDir
+    from aiayn.experiment.run import OPEN_FILE
+
+    data, path = setup
+    sweep = load_sweep(path)
+    out, variant = tmp_path / "out", sweep.variants[0]
+    assert run_variant(sweep, variant, out, data, progress=False, stop_after=2) is None
+    folder = out / "runs" / "base"
+    assert not (folder / OPEN_FILE).exists()  # an invocation that ended closed its record
+    # Now as if a second invocation had started 100 s before that checkpoint and been killed.
+    latest = RunDir(folder).latest()
+    assert latest is not None
+    (folder / OPEN_FILE).write_text(json.dumps({"started": latest.stat().st_mtime - 100.0}))
+    result = run_variant(sweep, variant, out, data, progress=False)
+    assert result is not None and result["train_invocations"] == 3
+    timing = json.loads((folder / "timing.json").read_text())
+    assert timing[1] == pytest.approx(100.0, abs=0.01)
+    assert not (folder / OPEN_FILE).exists()
