@@ -210,8 +210,9 @@ def test_low_precision_cpu_takes_the_faster_of_sdpa_and_the_written_out_form(
 ) -> None:
     """For short bf16 inputs on CPU the sdpa backend times PyTorch's kernel against the written
     equation once per shape and keeps the faster; either way the result is Eq. (1): equal to
-    the fp32 reference within bf16 rounding, gradients too.  fp32 and long inputs never
-    probe, and the probe leaves the global random state alone."""
+    the fp32 reference within bf16 rounding, gradients too.  fp32, long inputs and inference
+    (a decoding step has a new key length every token) never probe; lengths in one bucket of
+    16 probe once; the probe leaves the global random state alone."""
     import aiayn.nn.attention as attention
 
     monkeypatch.setattr(attention, "_faster_written_out", {})
@@ -230,10 +231,18 @@ def test_low_precision_cpu_takes_the_faster_of_sdpa_and_the_written_out_form(
     monkeypatch.undo()
     monkeypatch.setattr(attention, "_faster_written_out", {})
     state = torch.get_rng_state()
-    attention.attend(q32.bfloat16(), k32.bfloat16(), v32.bfloat16(), is_causal=True, scale=0.3)
+    q, k, v = (t.bfloat16().requires_grad_() for t in (q32, k32, v32))
+    attention.attend(q, k, v, is_causal=True, scale=0.3)
     assert torch.equal(torch.get_rng_state(), state)  # the real probe ran, on its own generator
     assert len(attention._faster_written_out) == 1
+    q13, k13, v13 = (t[:, :, :13].detach().requires_grad_() for t in (q, k, v))
+    attention.attend(q13, k13, v13, is_causal=True, scale=0.3)  # 13 and 16: one bucket
     attention.attend(q32, k32, v32, is_causal=True, scale=0.3)  # fp32: no probe
-    long = torch.randn(1, 1, 256, 8, generator=g).bfloat16()
+    long = torch.randn(1, 1, 256, 8, generator=g).bfloat16().requires_grad_()
     attention.attend(long, long, long, is_causal=True, scale=0.3)  # 256 x 256 scores: no probe
+    with torch.no_grad():  # inference: no probe, whatever the key length
+        for n in range(17, 40):
+            step = k32[:, :, :1].bfloat16()
+            keys = torch.randn(2, 3, n, 8, generator=g).bfloat16()
+            attention.attend(step, keys, keys, is_causal=False, scale=0.3)
     assert len(attention._faster_written_out) == 1
