@@ -85,6 +85,9 @@ class Request:
     cache: Any = None  # the row's cache during prefill
     generator: torch.Generator | None = None
     seen: Tensor | None = None  # (1, V) for the repetition penalty
+    decoded: str = ""  # the text of tokens[:decoded_upto] (incremental_text)
+    decode_from: int = 0
+    decoded_upto: int = 0
 
     def cancel(self) -> None:
         """Stop this request at the next step (a client went away); its row is freed then."""
@@ -101,6 +104,31 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
                 keep = max(keep, n)
                 break
     return keep
+
+
+def incremental_text(r: Request, decode: Callable[[list[int]], str]) -> str:
+    """The text of all of ``r.tokens``, decoding only the newest few at each call.
+
+    Decoding the whole list at every token costs O(n) per token and O(n²) per request (a
+    1,000-token byte-level BPE text takes 83 µs to decode here, for each of the running
+    requests at every step).  Instead, as vLLM does, the tokens from ``decode_from`` (a
+    character boundary) are decoded without and with the new ones, and the difference is the
+    new text: it is right across a merge at the boundary and for a tokenizer that drops the
+    first token's leading space.  While the newest tokens end inside a character (U+FFFD), the
+    offsets stay put, so that the next token can complete it."""
+    start, upto = r.decode_from, r.decoded_upto
+    before, after = decode(r.tokens[start:upto]), decode(r.tokens[start:])
+    if not after.startswith(before):  # the new tokens changed earlier text: decode it all
+        text = decode(r.tokens)
+        if not text.endswith("\ufffd"):  # the next call decodes from the start once more
+            r.decoded, r.decode_from, r.decoded_upto = text, 0, len(r.tokens)
+        return text
+    new = after[len(before) :]
+    if new.endswith("\ufffd"):
+        return r.decoded + new
+    r.decoded += new
+    r.decode_from, r.decoded_upto = upto, len(r.tokens)
+    return r.decoded
 
 
 class Engine:
@@ -350,7 +378,7 @@ class Engine:
             r.first_token = now
         r.tokens.append(token)
         reason = None
-        text = self.decode(r.tokens)
+        text = incremental_text(r, self.decode)
         if self.eos_id is not None and token == self.eos_id:
             reason, text = "stop", self.decode(r.tokens[:-1])
         else:

@@ -264,3 +264,42 @@ def test_a_bad_seed_fails_alone_and_the_earliest_stop_string_wins() -> None:
     assert good.text == full[:10] and good.finish_reason == "stop"
     assert engine.alive
     engine.stop()
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
+def test_incremental_text_equals_decoding_everything_at_every_token(kind: str) -> None:
+    """The engine decodes only the newest tokens at each step; the text must be what decoding
+    the whole list gives, token by token, across characters split over several byte-level
+    tokens (umlauts, Japanese, emoji) and a tokenizer that drops the first leading space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from aiayn.serve.engine import incremental_text
+
+    text = (
+        "Fünf Leute stehen im Schnee. 日本語の文章です。 Ein Hund läuft 🐕 über grünes Gras! " * 3
+    )
+    tok = Tokenizer(models.BPE())
+    if kind == "byte-level":
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = []
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet))
+    encoded = tok.encode(text).ids
+    g = torch.Generator().manual_seed(0)
+    randoms = torch.randint(0, tok.get_vocab_size(), (200,), generator=g).tolist()
+    lengths: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        lengths.append(len(ids))
+        return tok.decode(ids)
+
+    for ids in (encoded, randoms):
+        r = Request(prompt=[0], max_new_tokens=len(ids))
+        for token in ids:
+            r.tokens.append(token)
+            lengths.clear()
+            assert incremental_text(r, decode) == tok.decode(r.tokens)
+        assert r.decoded_upto > len(ids) - 4  # it kept up ...
+        assert max(lengths) < 8  # ... decoding a few tokens per step, not the whole text
