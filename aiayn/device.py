@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import TypeVar
@@ -24,6 +25,18 @@ from torch import nn
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def best_seconds(fn: Callable[[], object], repeat: int = 3) -> float:
+    """The shortest of ``repeat`` timings of ``fn()``, after one untimed call (kernels are
+    built on first use): how aiayn times the alternatives of a choice it makes at run time."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def matmul_gflops(

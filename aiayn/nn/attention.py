@@ -27,7 +27,6 @@ gets an all-zero output and zero gradients -- never NaN -- in every backend.
 from __future__ import annotations
 
 import math
-import time
 from typing import Protocol
 
 import torch
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn import registry
+from aiayn.device import best_seconds
 from aiayn.nn.masks import structural_mask
 
 ScaleArg = bool | float
@@ -136,47 +136,34 @@ def _written_out_is_faster(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> 
         or q.shape[-2] * k.shape[-2] > WRITTEN_OUT_MAX_SCORES
     ):
         return False
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if not grad:
-        return False
+    if not torch.is_grad_enabled() or not (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False  # inference: never probed (see above)
     t, s = q.shape[-2], k.shape[-2]
     key = (-(-t // PROBE_BUCKET), -(-s // PROBE_BUCKET), q.shape[-1], q.dtype, is_causal)
     if key not in _faster_written_out:
-        _faster_written_out[key] = _probe_written_out(q, k, v, is_causal, grad)
+        _faster_written_out[key] = _probe_written_out(q, k, v, is_causal)
     return _faster_written_out[key]
 
 
-def _probe_written_out(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, grad: bool) -> bool:
-    """Time SDPA against the written-out equation on inputs of these shapes (forward, and
-    backward when ``grad``), best of 3 after a warm-up; True if written out is faster.  The
-    inputs come from a generator of its own, so the global random state is untouched."""
+def _probe_written_out(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> bool:
+    """Time SDPA against the written-out equation, forward and backward, on inputs of these
+    shapes; True if written out is faster.  The inputs come from a generator of its own, so
+    the global random state is untouched."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (
-        torch.randn(x.shape, generator=g).to(x.dtype).requires_grad_(grad) for x in (q, k, v)
-    )
+    q, k, v = (torch.randn(x.shape, generator=g).to(x.dtype).requires_grad_() for x in (q, k, v))
     scale = q.shape[-1] ** -0.5
 
-    def sdpa() -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    def sdpa() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale).sum().backward()
 
-    def written() -> Tensor:
-        return reference_backend(
+    def written() -> None:
+        reference_backend(
             q, k, v, None, is_causal=is_causal, window=None, scale=scale, dropout_p=0.0,
             return_weights=False,
-        )[0]  # fmt: skip
+        )[0].sum().backward()  # fmt: skip
 
-    best = {}
-    with torch.set_grad_enabled(grad):
-        for name, fn in (("sdpa", sdpa), ("written", written)):
-            times = []
-            for _ in range(4):
-                t0 = time.perf_counter()
-                out = fn()
-                if grad:
-                    out.sum().backward()
-                times.append(time.perf_counter() - t0)
-            best[name] = min(times[1:])
-    return best["written"] < best["sdpa"]
+    sdpa_s = best_seconds(sdpa)  # (called only while training: gradients are on)
+    return best_seconds(written) < sdpa_s
 
 
 def sdpa_backend(

@@ -31,7 +31,6 @@ Shapes: N rows (all leading dimensions flattened), I in features, O out features
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -40,6 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from aiayn.device import best_seconds
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 MIN_ROWS = 16  # below this, oneDNN without a packed weight is slower than F.linear
@@ -132,16 +133,8 @@ def onednn_speedup(rows: int, d_in: int, d_out: int, repeat: int = 5) -> float:
         _onednn(g, w.t(), None)
         _onednn(g.t(), x.t(), None)
 
-    best = {}
-    for name, fn in (("mkl", mkl), ("onednn", onednn)):
-        fn()  # warm-up: kernels are built on first use
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        best[name] = min(times)
-    return best["mkl"] / best["onednn"]
+    mkl_s = best_seconds(mkl, repeat)
+    return mkl_s / best_seconds(onednn, repeat)
 
 
 def _fast_path(x: Tensor, w: Tensor) -> bool:

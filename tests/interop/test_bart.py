@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from aiayn.interop.bart import from_hf_bart, to_hf_bart  # noqa: E402
 from aiayn.models.encoder_decoder import EncoderDecoder  # noqa: E402
+from tests.interop.test_marian import perturbed  # noqa: E402
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB, PAD, EOS = 57, 1, 2
@@ -30,12 +31,7 @@ def bart(**overrides: object) -> torch.nn.Module:
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.BartForConditionalGeneration(transformers.BartConfig(**kwargs)).eval()
-    with torch.no_grad():  # norms start at 1, biases at 0: perturb them so they are tested
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
-        model.final_logits_bias.normal_()
-    return model
+    return perturbed(model)
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -5,6 +5,7 @@ cached decoding; the round trip is exact."""
 from __future__ import annotations
 
 import os
+from typing import TypeVar
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from aiayn.interop.marian import from_hf_marian, to_hf_marian  # noqa: E402
 from aiayn.models.encoder_decoder import EncoderDecoder  # noqa: E402
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
+M = TypeVar("M", bound=torch.nn.Module)
 VOCAB, PAD = 61, 60
 
 
@@ -30,7 +32,13 @@ def marian(**overrides: object) -> torch.nn.Module:
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(transformers.MarianConfig(**kwargs)).eval()
-    with torch.no_grad():  # norms start at 1, biases at 0: perturb them so they are tested
+    return perturbed(model)
+
+
+def perturbed(model: M) -> M:
+    """An HF seq2seq model with its norms (initialised to 1) and biases (0, the logits' bias
+    too) moved off their starting values, so that copying them is tested."""
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
