@@ -27,16 +27,23 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def best_seconds(fn: Callable[[], object], repeat: int = 3) -> float:
-    """The shortest of ``repeat`` timings of ``fn()``, after one untimed call (kernels are
-    built on first use): how aiayn times the alternatives of a choice it makes at run time."""
-    fn()
+def timings(fn: Callable[[], object], repeat: int, warmup: int = 1) -> list[float]:
+    """Seconds of each of ``repeat`` calls of ``fn()``, after ``warmup`` untimed ones (kernels
+    are built on first use)."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
+
+
+def best_seconds(fn: Callable[[], object], repeat: int = 3) -> float:
+    """The shortest of ``repeat`` timings after one warm-up: how aiayn times the alternatives
+    of a choice it makes at run time."""
+    return min(timings(fn, repeat))
 
 
 def matmul_gflops(

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from aiayn.device import timings
+
 
 def timed(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> tuple[float, list[float]]:
     """Median seconds of ``repeat`` calls after ``warmup`` untimed ones, and every time."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    times = timings(fn, repeat, warmup)
     return statistics.median(times), times
 
 
