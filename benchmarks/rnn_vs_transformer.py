@@ -178,7 +178,8 @@ def _train(config: Path, out: Path, steps: int, root: Path) -> dict[str, Any]:
     would favour the Transformer, whose time is mostly linear layers."""
     from aiayn.checkpoint import RunDir
 
-    resume = ["--resume"] if RunDir(out).latest() is not None else []
+    # A run killed before its first checkpoint left only its log: nothing to resume, start over.
+    resume = ["--resume"] if RunDir(out).latest() is not None else ["--overwrite"]
     cmd = [sys.executable, "-m", "aiayn", "train", str(config), "--out", str(out), "--data",
            str(root), "--set", f"train.max_steps={steps}", "train.linear_kernel=mkl", *resume]  # fmt: skip
     t0 = time.perf_counter()

@@ -122,9 +122,12 @@ def open_run(
     if not resume:
         return rd, None
     if rd.latest() is None:
-        raise ValueError(
-            f"nothing to resume in {rd.root}: it holds no checkpoint (start without --resume)"
+        hint = (
+            "it stopped before its first checkpoint: start again with --overwrite"
+            if rd.holds_run()
+            else "start without --resume"
         )
+        raise ValueError(f"nothing to resume in {rd.root}: it holds no checkpoint ({hint})")
     # A sharded run's weights are read by `fit` from its shards, each process its own part,
     # once the model is sharded: nothing here reads the whole model (rd.load(weights=False)).
     bundle, state = rd.load(weights=False)

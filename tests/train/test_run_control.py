@@ -54,7 +54,21 @@ def test_resume_with_nothing_to_resume_is_an_error(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli(root, "--resume") == 2
-    assert "nothing to resume" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nothing to resume" in err and "start without --resume" in err
+
+
+def test_a_run_killed_before_its_first_checkpoint_points_to_overwrite(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed before its first checkpoint, a run leaves only its log: --resume cannot continue
+    it, and a plain start refuses the folder, so the error must name the way out."""
+    (root / "run").mkdir()
+    (root / "run" / "log.csv").write_text("step,loss,lr,val_loss,tokens_per_s,val_ppl\n1,4.2,,,,\n")
+    assert cli(root, "--resume") == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert cli(root) == 2
+    assert cli(root, "--overwrite") == 0
 
 
 def test_a_second_run_into_the_same_folder_needs_overwrite(
