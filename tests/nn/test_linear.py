@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 
 import aiayn.nn.linear as linear_module
-from aiayn.nn.linear import MIN_ROWS, ROW_MULTIPLE, Linear, packed_for_inference, use_onednn
+from aiayn.nn.linear import (
+    MIN_ROWS,
+    ROW_MULTIPLE,
+    Linear,
+    gemv_views,
+    packed_for_inference,
+    packed_for_rows,
+    use_onednn,
+)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -102,6 +110,33 @@ def test_one_row_without_gradients_takes_gemv_and_equals_f_linear() -> None:
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
     assert layer(x).requires_grad  # with gradients it stays on the autograd path
+
+
+def test_one_row_in_a_decoding_block_uses_views_made_once_and_equals_f_linear() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Linear(48, 40), Linear(40, 24, bias=False))
+    x = torch.randn(1, 1, 48)
+    with torch.no_grad(), packed_for_rows(model, 1):
+        assert all(m.row_view is not None and m.packed is None for m in model)
+        views = [m.row_view for m in model]
+        torch.testing.assert_close(
+            model(x), F.linear(F.linear(x, *model[0].parameters()), model[1].weight)
+        )
+        assert [m.row_view for m in model] == views  # not remade per call
+        model[0].weight.mul_(-2.0)  # in place: the views share the parameters' memory
+        model[0].bias.add_(1.0)
+        torch.testing.assert_close(model[0](x), F.linear(x, model[0].weight, model[0].bias))
+        with gemv_views(model):
+            assert [m.row_view for m in model] == views  # an inner block keeps the outer's
+        assert [m.row_view for m in model] == views
+        two = torch.randn(2, 48)  # several rows, gradients, autocast: not the one-row path
+        torch.testing.assert_close(model[0](two), F.linear(two, model[0].weight, model[0].bias))
+    assert all(m.row_view is None for m in model)
+    y = model[0](x)
+    assert y.requires_grad  # outside no_grad the autograd path is taken
+    with torch.no_grad(), packed_for_inference(model, rows=4):  # packing makes the views too
+        assert all(m.row_view is not None for m in model)
+        torch.testing.assert_close(model[0](x), F.linear(x, model[0].weight, model[0].bias))
 
 
 def test_packed_blocks_nest_and_the_outer_one_owns_the_packing() -> None:
