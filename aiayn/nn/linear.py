@@ -201,23 +201,29 @@ def _gemv(x: Tensor, w_t: np.ndarray, b: np.ndarray | None) -> Tensor:
 
 
 @contextmanager
-def gemv_views(model: nn.Module) -> Iterator[None]:
+def _per_layer(model: nn.Module, attr: str, make: Any) -> Iterator[None]:
+    """Set ``attr`` = ``make(layer)`` on every fp32 CPU :class:`Linear` of ``model`` that has
+    none, for the block; an inner block keeps (and leaves) what an outer one set."""
+    layers = [
+        m
+        for m in model.modules()
+        if isinstance(m, Linear) and _fast_path(m.weight, m.weight) and getattr(m, attr) is None
+    ]
+    try:
+        for m in layers:
+            setattr(m, attr, make(m))
+        yield
+    finally:
+        for m in layers:
+            setattr(m, attr, None)
+
+
+def gemv_views(model: nn.Module) -> AbstractContextManager[None]:
     """Within the block, a one-row input to any fp32 CPU :class:`Linear` of ``model`` goes to
     gemv through numpy views of the weight made on entry (module docstring).  Blocks nest as
     :func:`packed_for_inference`'s do.  Replacing a weight tensor (rather than updating it in
     place) inside the block is not seen."""
-    layers = [
-        m
-        for m in model.modules()
-        if isinstance(m, Linear) and _fast_path(m.weight, m.weight) and m.row_view is None
-    ]
-    try:
-        for m in layers:
-            m.row_view = _row_view(m)
-        yield
-    finally:
-        for m in layers:
-            m.row_view = None
+    return _per_layer(model, "row_view", _row_view)
 
 
 def packed_for_rows(model: nn.Module, rows: int) -> AbstractContextManager[None]:
@@ -234,17 +240,11 @@ def packed_for_inference(model: nn.Module, rows: int = 1) -> Iterator[None]:
     costs as much memory as the weights; it is released on exit.  Blocks nest: an inner
     block keeps (and leaves) the packing of an outer one, so a caller that decodes many
     batches packs once (aiayn/generate/translate.py)."""
-    layers = [
-        m
-        for m in model.modules()
-        if isinstance(m, Linear) and _fast_path(m.weight, m.weight) and m.packed is None
-    ]
-    try:
-        with torch.no_grad():
-            for m in layers:
-                m.packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
-        with gemv_views(model):  # a step that is down to one row (a lone request)
-            yield
-    finally:
-        for m in layers:
-            m.packed = None
+    # gemv_views: for a step that is down to one row (a lone request)
+    with _per_layer(model, "packed", lambda m: _pack(m, rows)), gemv_views(model):
+        yield
+
+
+def _pack(m: Linear, rows: int) -> Tensor:
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
