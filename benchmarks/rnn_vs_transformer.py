@@ -242,7 +242,26 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
             result[f"{name}/{budget}"] = {"steps": steps, **_score(folder, root),
                                           "params": build_model(config).num_parameters()}  # fmt: skip
             print(name, budget, result[f"{name}/{budget}"], flush=True)
+    print(_markdown_table(result))
     return result
+
+
+def _markdown_table(result: dict[str, Any]) -> str:
+    """The train stage's rows as the README's table: budget, steps, test BLEU, chrF, tok/s."""
+    lines = ["| model | budget | steps | test BLEU | chrF | train tok/s (median) |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    labels = {"transformer": "Transformer 3+3 x 256", "gru-attention": "GRU + Bahdanau attention",
+              "gru-plain": "GRU, last state only"}  # fmt: skip
+    budgets = {"": "its config", "equal-flops": "equal FLOPs", "equal-time": "equal wall-clock"}
+    for key, row in result.items():
+        if not isinstance(row, dict) or "test_bleu" not in row:
+            continue
+        name, _, budget = key.partition("/")
+        lines.append(
+            f"| {labels[name]} | {budgets[budget]} | {row['steps']:,} | "
+            f"{row['test_bleu']:.2f} | {row['test_chrf']:.2f} | {row['train_tokens_per_s']:,.0f} |"
+        )
+    return "\n".join(lines)
 
 
 def stage_reach(out: Path, root: Path, min_len: int = 20) -> dict[str, Any]:

@@ -7,7 +7,8 @@ One entry point, and several backends chosen by name (aiayn/registry.py):
 * ``"reference"`` -- the equation written out.  It materialises the (T, S) weights, so it can
   return them (for pictures and tests), and costs O(T·S) memory.
 * ``"sdpa"`` -- ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels, never
-  returns weights).
+  returns weights); when training on a CPU at short lengths, the three matmuls of
+  aiayn/nn/matmul_attention.py with their own backward, which are faster there.
 * ``"flash"`` -- the tiled kernel of aiayn/nn/flash.py (O(n) memory, its own backward).
 
 They agree to 1e-5 in fp32 (tests/nn/test_attention.py).  :func:`scaled_dot_product_attention`
@@ -34,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn import registry
-from aiayn.device import best_seconds
 from aiayn.nn.masks import structural_mask
+from aiayn.nn.matmul_attention import matmul_attention, max_scores
 
 ScaleArg = bool | float
 
@@ -116,54 +117,20 @@ def reference_backend(
     return out, (weights if return_weights else None)
 
 
-# PyTorch's fused CPU kernel can be slower in bf16 than in fp32 at short lengths: with (8, 6,
-# 64, 64) causal inputs, forward and backward took 3.6-3.7 ms in bf16 against 1.7-1.9 ms in
-# fp32, and the written-out equation in bf16 about 1.8 ms, on an AMD EPYC with bf16 units.
-# So when training on low-precision CPU inputs of at most WRITTEN_OUT_MAX_SCORES scores per
-# head, both are timed on this host and the faster one is kept (O(T·S) memory is then small).
-# Lengths are bucketed to PROBE_BUCKET, so token-count batches, whose lengths change every step,
-# probe a bounded number of times; inference never probes (a decoding step has a new key length
-# every token: probing each cost a 2-layer bf16 model 0.1 s per generated token).
-WRITTEN_OUT_MAX_SCORES = 128 * 128
-PROBE_BUCKET = 16
-_faster_written_out: dict[tuple[object, ...], bool] = {}
-
-
-def _written_out_is_faster(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> bool:
-    if (
-        q.device.type != "cpu"
-        or q.dtype not in (torch.bfloat16, torch.float16)
-        or q.shape[-2] * k.shape[-2] > WRITTEN_OUT_MAX_SCORES
-    ):
-        return False
-    if not torch.is_grad_enabled() or not (q.requires_grad or k.requires_grad or v.requires_grad):
-        return False  # inference: never probed (see above)
+def _matmul_attention_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> bool:
+    """Training on a CPU at most ``max_scores`` scores per head: aiayn/nn/matmul_attention.py is
+    faster there than PyTorch's fused kernel (its docstring has the timings).  Inference keeps
+    the fused kernel, which saves nothing for a backward."""
     t, s = q.shape[-2], k.shape[-2]
-    key = (-(-t // PROBE_BUCKET), -(-s // PROBE_BUCKET), q.shape[-1], q.dtype, is_causal)
-    if key not in _faster_written_out:
-        _faster_written_out[key] = _probe_written_out(q, k, v, is_causal)
-    return _faster_written_out[key]
-
-
-def _probe_written_out(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> bool:
-    """Time SDPA against the written-out equation, forward and backward, on inputs of these
-    shapes; True if written out is faster.  The inputs come from a generator of its own, so
-    the global random state is untouched."""
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(x.shape, generator=g).to(x.dtype).requires_grad_() for x in (q, k, v))
-    scale = q.shape[-1] ** -0.5
-
-    def sdpa() -> None:
-        F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale).sum().backward()
-
-    def written() -> None:
-        reference_backend(
-            q, k, v, None, is_causal=is_causal, window=None, scale=scale, dropout_p=0.0,
-            return_weights=False,
-        )[0].sum().backward()  # fmt: skip
-
-    sdpa_s = best_seconds(sdpa)  # (called only while training: gradients are on)
-    return best_seconds(written) < sdpa_s
+    return (
+        q.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+        and q.dtype == k.dtype == v.dtype
+        and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+        and t * s <= max_scores(q.dtype)
+        and (not is_causal or t == s)
+    )
 
 
 def sdpa_backend(
@@ -186,13 +153,11 @@ def sdpa_backend(
     if (
         mask is None
         and window is None
+        and dropout_p == 0.0
         and not enable_gqa
-        and _written_out_is_faster(q, k, v, is_causal)
+        and _matmul_attention_applies(q, k, v, is_causal)
     ):
-        return reference_backend(
-            q, k, v, None, is_causal=is_causal, window=None, scale=scale, dropout_p=dropout_p,
-            return_weights=False,
-        )  # fmt: skip
+        return matmul_attention(q, k, v, is_causal=is_causal, scale=scale), None
     if mask is None and window is None and (not is_causal or t == s):
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa

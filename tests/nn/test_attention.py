@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from aiayn import scaled_dot_product_attention as sdpa
 from aiayn.nn.masks import causal_mask, sliding_window_mask
@@ -203,46 +202,3 @@ def test_return_weights_rows_sum_to_one_and_sdpa_refuses() -> None:
 def test_bad_inputs_raise_clear_errors(args: tuple, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         sdpa(*args, **kwargs)
-
-
-def test_low_precision_cpu_takes_the_faster_of_sdpa_and_the_written_out_form(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """For short bf16 inputs on CPU the sdpa backend times PyTorch's kernel against the written
-    equation once per shape and keeps the faster; either way the result is Eq. (1): equal to
-    the fp32 reference within bf16 rounding, gradients too.  fp32, long inputs and inference
-    (a decoding step has a new key length every token) never probe; lengths in one bucket of
-    16 probe once; the probe leaves the global random state alone."""
-    import aiayn.nn.attention as attention
-
-    monkeypatch.setattr(attention, "_faster_written_out", {})
-    g = torch.Generator().manual_seed(0)
-    q32, k32, v32 = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
-    want = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
-    for written in (True, False):
-        monkeypatch.setattr(attention, "_probe_written_out", lambda *a, w=written: w)
-        attention._faster_written_out.clear()
-        q, k, v = (t.bfloat16().requires_grad_() for t in (q32, k32, v32))
-        out = attention.attend(q, k, v, is_causal=True, scale=8**-0.5)[0]
-        torch.testing.assert_close(out.float(), want, atol=3e-2, rtol=3e-2)
-        out.float().sum().backward()
-        assert q.grad is not None and torch.isfinite(q.grad.float()).all()
-        assert list(attention._faster_written_out.values()) == [written]
-    monkeypatch.undo()
-    monkeypatch.setattr(attention, "_faster_written_out", {})
-    state = torch.get_rng_state()
-    q, k, v = (t.bfloat16().requires_grad_() for t in (q32, k32, v32))
-    attention.attend(q, k, v, is_causal=True, scale=0.3)
-    assert torch.equal(torch.get_rng_state(), state)  # the real probe ran, on its own generator
-    assert len(attention._faster_written_out) == 1
-    q13, k13, v13 = (t[:, :, :13].detach().requires_grad_() for t in (q, k, v))
-    attention.attend(q13, k13, v13, is_causal=True, scale=0.3)  # 13 and 16: one bucket
-    attention.attend(q32, k32, v32, is_causal=True, scale=0.3)  # fp32: no probe
-    long = torch.randn(1, 1, 256, 8, generator=g).bfloat16().requires_grad_()
-    attention.attend(long, long, long, is_causal=True, scale=0.3)  # 256 x 256 scores: no probe
-    with torch.no_grad():  # inference: no probe, whatever the key length
-        for n in range(17, 40):
-            step = k32[:, :, :1].bfloat16()
-            keys = torch.randn(2, 3, n, 8, generator=g).bfloat16()
-            attention.attend(step, keys, keys, is_causal=False, scale=0.3)
-    assert len(attention._faster_written_out) == 1
