@@ -16,7 +16,8 @@
   real batches, interleaved, once (kept in OUT/step_seconds.json, so that a resumed run keeps
   its budget).  Every run is resumable; each is scored by
   sacreBLEU on test_2016_flickr (beam 4) with its training tokens/s.
-* ``reach``: for the trained models, the gradient of the last prediction's loss with respect
+* ``reach``: for the trained models (``--steps N``: a Transformer trained N steps and the
+  GRUs trained as long, when the train stage's folders are not at hand), the gradient of the last prediction's loss with respect
   to the decoder input k positions back (aiayn/evaluate/gradient_reach.py), over the
   validation sentences with at least 20 target tokens: the measured counterpart of 0.9^k.
 
@@ -264,7 +265,33 @@ def _markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def stage_reach(out: Path, root: Path, min_len: int = 20) -> dict[str, Any]:
+def _reach_models(out: Path, root: Path, steps: int | None) -> dict[str, Path]:
+    """The trained models to measure: the train stage's folders in ``out``, or with ``steps``,
+    the Transformer trained ``steps`` steps and each GRU its equal wall-clock (the train stage's
+    measured step times), in ``out/reach-STEPS`` -- a shorter study when the full one's
+    checkpoints are not at hand.  Resumable like the train stage."""
+    if steps is None:
+        folders = {p.name: p for p in sorted(out.glob("*")) if (p / "checkpoint").exists()}
+        if not folders:
+            raise SystemExit(f"no trained models in {out}: run the train stage, or reach --steps N")
+        return folders
+    saved = out / "step_seconds.json"
+    if saved.is_file():
+        seconds = json.loads(saved.read_text())
+    elif "train" in (known := json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}):
+        seconds = known["train"]["result"]["step_seconds_same_batches"]
+    else:
+        raise SystemExit("reach --steps needs the train stage's step times: run train first")
+    folders = {}
+    for name in CONFIGS:
+        folder = out / f"reach-{steps}" / name
+        n = max(1, round(steps * seconds["transformer"] / seconds[name]))
+        _train(CONFIGS[name], folder, n, root)
+        folders[f"{name} ({n:,} steps)"] = folder
+    return folders
+
+
+def stage_reach(out: Path, root: Path, steps: int | None, min_len: int = 20) -> dict[str, Any]:
     from aiayn.checkpoint import load_bundle
     from aiayn.evaluate.gradient_reach import gradient_by_distance
     from aiayn.train.config import load_run_config
@@ -272,7 +299,7 @@ def stage_reach(out: Path, root: Path, min_len: int = 20) -> dict[str, Any]:
 
     run = load_run_config(CONFIGS["transformer"])
     reach: dict[str, Any] = {}
-    for folder in sorted(p for p in out.iterdir() if (p / "checkpoint").exists()):
+    for label, folder in _reach_models(out, root, steps).items():
         bundle = load_bundle(folder / "checkpoint")
         pairs = [e for e in encode_pairs(load_pairs(run, root, "val"), bundle.tokenizer)  # type: ignore[arg-type]
                  if len(e[1]) - 1 >= min_len]  # fmt: skip
@@ -280,8 +307,8 @@ def stage_reach(out: Path, root: Path, min_len: int = 20) -> dict[str, Any]:
         means, counts = gradient_by_distance(
             bundle.model, batches, pad_id=0, max_distance=min_len - 1
         )  # type: ignore[arg-type]
-        reach[folder.name] = {"mean_grad_norm": means, "sentences": counts[0]}
-        print(folder.name, [f"{m:.3g}" for m in means[:: max(1, min_len // 5)]], flush=True)
+        reach[label] = {"mean_grad_norm": means, "sentences": counts[0]}
+        print(label, [f"{m:.3g}" for m in means[:: max(1, min_len // 5)]], flush=True)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -311,6 +338,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="runs/rnn_vs_transformer")
     ap.add_argument("--data", default=None)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="reach: train the Transformer this many steps, the GRUs equal time")  # fmt: skip
     args = ap.parse_args()
     from aiayn.data.files import data_dir
 
@@ -323,7 +352,7 @@ def main() -> int:
     elif args.stage == "train":
         got = stage_train(Path(args.out), data_dir(args.data))
     else:
-        got = stage_reach(Path(args.out), data_dir(args.data))
+        got = stage_reach(Path(args.out), data_dir(args.data), args.steps)
     results[args.stage] = {"host": rates, "threads": torch.get_num_threads(),
                            "seconds": time.perf_counter() - t0, "result": got}  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
