@@ -26,7 +26,7 @@ from torch import Tensor
 
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
-from aiayn.nn.linear import packed_for_rows
+from aiayn.nn.linear import on_gemv, packed_for_rows
 
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
 
@@ -102,9 +102,10 @@ def stream(
         packing.enter_context(packed_for_rows(model, b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        if b == 1 and device.type == "cpu" and logits.dtype == torch.float32:
+        if b == 1 and on_gemv(model):
             # The steps' products run in BLAS's own threads (the fp32 one-row path of
-            # aiayn/nn/linear.py); other dtypes stay on torch's threads.
+            # aiayn/nn/linear.py, where this host runs it faster than F.linear); other dtypes
+            # and hosts stay on torch's threads.
             torch.set_num_threads(1)
         slides = p + max_new_tokens > cfg.max_len
         if slides:  # (B, P + N): every token, to re-read the last max_len - 1 when full

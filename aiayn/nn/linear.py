@@ -28,6 +28,13 @@ token.  Several rows go to oneDNN with the weight pre-arranged ("packed") once:
 :func:`packed_for_inference` does that for the duration of a ``with`` block, and generation
 uses it.
 
+Both decoding kernels are a processor's property, like oneDNN's training speed-up: the gemv
+and packed-weight gains were measured on AMD EPYC hosts, and on an Intel Xeon (AMX) host
+aiayn's one-row generation ran at HF's speed, whose ``F.linear`` goes to MKL.  So
+:func:`packed_for_rows` gives a layer each kernel only where :func:`decode_speedup` measures it
+faster than ``F.linear`` for that weight's shape on the running host (once per shape and
+process), and ``F.linear`` elsewhere.
+
 Shapes: N rows (all leading dimensions flattened), I in features, O out features.
 """
 
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -171,7 +178,12 @@ class Linear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         flat = x.reshape(rows, x.shape[-1])  # (N, I)
-        if rows == 1 and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        if (
+            rows == 1
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+            and decode_speedup("gemv", 1, self.in_features, self.out_features) > 1
+        ):
             return _gemv(x, *_row_view(self))
         if self.packed is not None and not torch.is_grad_enabled():
             out = _onednn(_pad_rows(flat, PACKED_ROW_MULTIPLE), self.packed, self.bias)[:rows]
@@ -208,7 +220,7 @@ def _per_layer(model: nn.Module, attr: str, make: Any) -> Iterator[None]:
         m
         for m in model.modules()
         if isinstance(m, Linear) and _fast_path(m.weight, m.weight) and getattr(m, attr) is None
-    ]
+    ]  # make(m) may return None: the layer keeps F.linear
     try:
         for m in layers:
             setattr(m, attr, make(m))
@@ -226,11 +238,74 @@ def gemv_views(model: nn.Module) -> AbstractContextManager[None]:
     return _per_layer(model, "row_view", _row_view)
 
 
-def packed_for_rows(model: nn.Module, rows: int) -> AbstractContextManager[None]:
+@contextmanager
+def packed_for_rows(model: nn.Module, rows: int) -> Iterator[None]:
     """What decoding ``rows`` rows per step wants: weights packed for oneDNN when there are
-    several (:func:`packed_for_inference`); for one, BLAS's gemv on views of the weights
-    themselves (:func:`gemv_views`)."""
-    return packed_for_inference(model, rows=rows) if rows > 1 else gemv_views(model)
+    several (as :func:`packed_for_inference`), and for a step down to one row, BLAS's gemv on
+    views of the weights themselves (as :func:`gemv_views`) -- each only for the layers whose
+    weight shape it runs faster than ``F.linear`` on this host (:func:`decode_speedup`)."""
+
+    def pack(m: Linear) -> Tensor | None:
+        return _pack(m, rows) if decode_speedup("packed", rows, *_shape(m)) > 1 else None
+
+    def view(m: Linear) -> _RowView | None:
+        return _row_view(m) if decode_speedup("gemv", 1, *_shape(m)) > 1 else None
+
+    packing = _per_layer(model, "packed", pack) if rows > 1 else nullcontext()
+    with packing, _per_layer(model, "row_view", view):
+        yield
+
+
+def on_gemv(model: nn.Module) -> bool:
+    """Whether every fp32 CPU :class:`Linear` of ``model`` has gemv views (inside
+    :func:`packed_for_rows`, on a host where gemv measured faster): then a one-row decoding
+    step runs all its products on BLAS's own threads, and its callers give torch's small
+    operations one thread so that the two thread pools do not spin against each other."""
+    layers = [
+        m for m in model.modules() if isinstance(m, Linear) and _fast_path(m.weight, m.weight)
+    ]
+    return bool(layers) and all(m.row_view is not None for m in layers)
+
+
+def _shape(m: Linear) -> tuple[int, int]:
+    return m.in_features, m.out_features
+
+
+@functools.cache
+def decode_speedup(kernel: str, rows: int, d_in: int, d_out: int, repeat: int = 5) -> float:
+    """How much faster ``kernel`` runs a (rows, d_in) x (d_in, d_out) product with bias,
+    without gradients, than ``F.linear`` on this host: ``"gemv"`` (one row, numpy's BLAS on
+    views of the weight) or ``"packed"`` (oneDNN on a weight packed for ``rows`` rows).  The
+    ratio of the best of ``repeat`` timings, each of enough calls to last about a millisecond;
+    measured once per shape and process; 0 where the kernel is missing.  The weight is a
+    constant, not random: the speed does not depend on the values, and a 50k-word output
+    layer's worth of ``randn`` would cost more than the measurement."""
+    if kernel not in ("gemv", "packed"):
+        raise ValueError(f"kernel must be 'gemv' or 'packed', got {kernel!r}")
+    if kernel == "packed" and not _ONEDNN:
+        return 0.0
+    x, b = torch.full((rows, d_in), 0.5), torch.full((d_out,), 0.1)  # (N, I), (O,)
+    w = torch.full((d_out, d_in), 0.01)  # (O, I)
+    if kernel == "gemv":
+        w_t, b_np = w.numpy().T, b.numpy()
+
+        def alternative() -> None:
+            _gemv(x, w_t, b_np)
+
+    else:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+
+        def alternative() -> None:
+            _onednn(_pad_rows(x, PACKED_ROW_MULTIPLE), packed, b)
+
+    calls = max(1, min(200, 5_000_000 // (d_in * d_out)))  # ~1 ms reading the weight
+
+    def loop(fn: Any) -> Any:
+        return lambda: [fn() for _ in range(calls)]
+
+    with torch.no_grad():
+        baseline = best_seconds(loop(lambda: F.linear(x, w, b)), repeat)
+        return baseline / best_seconds(loop(alternative), repeat)
 
 
 @contextmanager

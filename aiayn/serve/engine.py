@@ -37,7 +37,7 @@ from torch import Tensor
 
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models import DecoderLM
-from aiayn.nn.linear import packed_for_rows
+from aiayn.nn.linear import on_gemv, packed_for_rows
 from aiayn.serve.slots import SlotPool
 
 
@@ -158,7 +158,7 @@ class Engine:
         self.max_queue = max_queue
         self.pool = SlotPool(model, self.max_batch, context)  # rows of `context` positions
         self.device = next(model.parameters()).device
-        self.gemv = next(model.parameters()).dtype == torch.float32  # one fp32 row: BLAS gemv
+        self.gemv = False  # one row on BLAS's gemv: known once the loop's block is entered
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # request i holds pool row i
@@ -244,6 +244,7 @@ class Engine:
             # Several rows per step are a small matrix product, which oneDNN does far faster
             # from a weight packed once (aiayn/nn/linear.py), as generate() does.
             with torch.inference_mode(), packed_for_rows(self.model, self.max_batch):
+                self.gemv = on_gemv(self.model)
                 while True:
                     with self.lock:
                         while not (

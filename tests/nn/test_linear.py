@@ -112,12 +112,16 @@ def test_one_row_without_gradients_takes_gemv_and_equals_f_linear() -> None:
     assert layer(x).requires_grad  # with gradients it stays on the autograd path
 
 
-def test_one_row_in_a_decoding_block_uses_views_made_once_and_equals_f_linear() -> None:
+def test_one_row_in_a_decoding_block_uses_views_made_once_and_equals_f_linear(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(linear_module, "decode_speedup", lambda *a: 2.0)  # as if gemv were faster
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(48, 40), Linear(40, 24, bias=False))
     x = torch.randn(1, 1, 48)
     with torch.no_grad(), packed_for_rows(model, 1):
         assert all(m.row_view is not None and m.packed is None for m in model)
+        assert linear_module.on_gemv(model)
         views = [m.row_view for m in model]
         torch.testing.assert_close(
             model(x), F.linear(F.linear(x, *model[0].parameters()), model[1].weight)
@@ -147,3 +151,59 @@ def test_packed_blocks_nest_and_the_outer_one_owns_the_packing() -> None:
             assert [m.packed for m in model] == packed  # the same tensors: not packed again
         assert [m.packed for m in model] == packed  # the inner block left them in place
     assert all(m.packed is None for m in model)
+
+
+@pytest.mark.parametrize("kernel", ["gemv", "packed"])
+def test_the_decoding_probe_measures_both_kernels_against_f_linear(kernel: str) -> None:
+    speedup = linear_module.decode_speedup(kernel, 1 if kernel == "gemv" else 4, 48, 40)
+    if kernel == "packed" and not linear_module._ONEDNN:
+        assert speedup == 0
+    else:
+        assert 0 < speedup < float("inf")
+    with pytest.raises(ValueError, match="'gemv' or 'packed'"):
+        linear_module.decode_speedup("blas", 1, 48, 40)
+
+
+def test_a_decoding_block_gives_each_kernel_only_to_the_shapes_it_measures_faster_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host decides: here packing wins only for the 32 -> 64 weight and gemv only for the
+    64 -> 16 one; every other layer runs F.linear, and all give F.linear's numbers."""
+    faster = {("packed", 32, 64), ("gemv", 64, 16)}
+    calls: list[tuple[str, int, int, int]] = []
+
+    def probe(kernel: str, rows: int, d_in: int, d_out: int) -> float:
+        calls.append((kernel, rows, d_in, d_out))
+        return 2.0 if (kernel, d_in, d_out) in faster else 0.5
+
+    monkeypatch.setattr(linear_module, "decode_speedup", probe)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Linear(32, 64), Linear(64, 16))
+    with torch.no_grad(), packed_for_rows(model, 8):
+        assert model[0].packed is not None and model[0].row_view is None
+        assert model[1].packed is None and model[1].row_view is not None
+        assert ("packed", 8, 32, 64) in calls and ("gemv", 1, 64, 16) in calls
+        assert not linear_module.on_gemv(model)  # one layer on F.linear: torch keeps its threads
+        for rows in (8, 1):
+            x = torch.randn(rows, 32)
+            expected = F.linear(F.linear(x, *model[0].parameters()), *model[1].parameters())
+            torch.testing.assert_close(model(x), expected)
+    assert all(m.packed is None and m.row_view is None for m in model)
+
+
+def test_one_row_outside_a_block_skips_gemv_where_f_linear_measures_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(linear_module, "decode_speedup", lambda *a: 0.5)
+
+    def no_gemv(*args: object) -> None:
+        raise AssertionError("gemv taken where the probe found F.linear faster")
+
+    monkeypatch.setattr(linear_module, "_gemv", no_gemv)
+    layer = Linear(48, 40)
+    x = torch.randn(1, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        with packed_for_rows(layer, 1):
+            assert layer.row_view is None
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
