@@ -31,9 +31,11 @@ uses it.
 Both decoding kernels are a processor's property, like oneDNN's training speed-up: the gemv
 and packed-weight gains were measured on AMD EPYC hosts, and on an Intel Xeon (AMX) host
 aiayn's one-row generation ran at HF's speed, whose ``F.linear`` goes to MKL.  So
-:func:`packed_for_rows` gives a layer each kernel only where :func:`decode_speedup` measures it
-faster than ``F.linear`` for that weight's shape on the running host (once per shape and
-process), and ``F.linear`` elsewhere.
+:func:`packed_for_rows` measures them against ``F.linear`` on the running host, once per
+weight shape and process (:func:`decode_speedup`): a layer gets a packed weight where packing
+is faster for its shape; gemv goes to every layer or to none, by the summed time of the
+model's one-row products (gemv runs on BLAS's own threads, which must not share the cores with
+torch's: see :func:`on_gemv`).
 
 Shapes: N rows (all leading dimensions flattened), I in features, O out features.
 """
@@ -248,12 +250,24 @@ def packed_for_rows(model: nn.Module, rows: int) -> Iterator[None]:
     def pack(m: Linear) -> Tensor | None:
         return _pack(m, rows) if decode_speedup("packed", rows, *_shape(m)) > 1 else None
 
-    def view(m: Linear) -> _RowView | None:
-        return _row_view(m) if decode_speedup("gemv", 1, *_shape(m)) > 1 else None
-
+    # gemv is all or nothing: it runs on BLAS's own threads, and a one-row step then gives
+    # torch's threads up (on_gemv); a model mixing the two, its torch threads spinning beside
+    # BLAS's, ran a 6-layer model's one-row decoding at 10 tokens/s instead of 250 here.  So
+    # every layer goes to gemv if the summed one-row products of the model run faster so.
+    layers = [
+        m for m in model.modules() if isinstance(m, Linear) and _fast_path(m.weight, m.weight)
+    ]
+    gemv = _gemv_faster([_shape(m) for m in layers])
     packing = _per_layer(model, "packed", pack) if rows > 1 else nullcontext()
-    with packing, _per_layer(model, "row_view", view):
+    with packing, _per_layer(model, "row_view", _row_view if gemv else lambda m: None):
         yield
+
+
+def _gemv_faster(shapes: list[tuple[int, int]]) -> bool:
+    """Whether one-row products of these (d_in, d_out) weights, one each, take less time in
+    all through gemv than through ``F.linear``."""
+    times = [_decode_seconds("gemv", 1, *shape) for shape in shapes]
+    return bool(times) and sum(alt for _, alt in times) < sum(base for base, _ in times)
 
 
 def on_gemv(model: nn.Module) -> bool:
@@ -271,19 +285,26 @@ def _shape(m: Linear) -> tuple[int, int]:
     return m.in_features, m.out_features
 
 
-@functools.cache
-def decode_speedup(kernel: str, rows: int, d_in: int, d_out: int, repeat: int = 5) -> float:
+def decode_speedup(kernel: str, rows: int, d_in: int, d_out: int) -> float:
     """How much faster ``kernel`` runs a (rows, d_in) x (d_in, d_out) product with bias,
     without gradients, than ``F.linear`` on this host: ``"gemv"`` (one row, numpy's BLAS on
-    views of the weight) or ``"packed"`` (oneDNN on a weight packed for ``rows`` rows).  The
-    ratio of the best of ``repeat`` timings, each of enough calls to last about a millisecond;
-    measured once per shape and process; 0 where the kernel is missing.  The weight is a
-    constant, not random: the speed does not depend on the values, and a 50k-word output
-    layer's worth of ``randn`` would cost more than the measurement."""
+    views of the weight) or ``"packed"`` (oneDNN on a weight packed for ``rows`` rows).
+    Measured once per shape and process (:func:`_decode_seconds`); 0 where the kernel is
+    missing."""
     if kernel not in ("gemv", "packed"):
         raise ValueError(f"kernel must be 'gemv' or 'packed', got {kernel!r}")
     if kernel == "packed" and not _ONEDNN:
         return 0.0
+    baseline, alternative = _decode_seconds(kernel, rows, d_in, d_out)
+    return baseline / alternative
+
+
+@functools.cache
+def _decode_seconds(kernel: str, rows: int, d_in: int, d_out: int) -> tuple[float, float]:
+    """Seconds per product through ``F.linear`` and through ``kernel``: the best of 5
+    timings, each of enough calls to last about a millisecond.  The weight is a constant, not
+    random: the speed does not depend on the values, and a 50k-word output layer's worth of
+    ``randn`` would cost more than the measurement."""
     x, b = torch.full((rows, d_in), 0.5), torch.full((d_out,), 0.1)  # (N, I), (O,)
     w = torch.full((d_out, d_in), 0.01)  # (O, I)
     if kernel == "gemv":
@@ -304,8 +325,8 @@ def decode_speedup(kernel: str, rows: int, d_in: int, d_out: int, repeat: int = 
         return lambda: [fn() for _ in range(calls)]
 
     with torch.no_grad():
-        baseline = best_seconds(loop(lambda: F.linear(x, w, b)), repeat)
-        return baseline / best_seconds(loop(alternative), repeat)
+        baseline = best_seconds(loop(lambda: F.linear(x, w, b)), 5) / calls
+        return baseline, best_seconds(loop(alternative), 5) / calls
 
 
 @contextmanager

@@ -115,7 +115,7 @@ def test_one_row_without_gradients_takes_gemv_and_equals_f_linear() -> None:
 def test_one_row_in_a_decoding_block_uses_views_made_once_and_equals_f_linear(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(linear_module, "decode_speedup", lambda *a: 2.0)  # as if gemv were faster
+    monkeypatch.setattr(linear_module, "_decode_seconds", lambda *a: (2.0, 1.0))  # gemv faster
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(48, 40), Linear(40, 24, bias=False))
     x = torch.randn(1, 1, 48)
@@ -164,37 +164,46 @@ def test_the_decoding_probe_measures_both_kernels_against_f_linear(kernel: str) 
         linear_module.decode_speedup("blas", 1, 48, 40)
 
 
-def test_a_decoding_block_gives_each_kernel_only_to_the_shapes_it_measures_faster_on(
+def test_a_decoding_block_packs_per_shape_and_takes_gemv_for_all_layers_or_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The host decides: here packing wins only for the 32 -> 64 weight and gemv only for the
-    64 -> 16 one; every other layer runs F.linear, and all give F.linear's numbers."""
-    faster = {("packed", 32, 64), ("gemv", 64, 16)}
+    """The host decides.  Packing, per weight shape: here it wins only for the 32 -> 64
+    weight.  gemv, for the whole model: its one-row products must take less time in all
+    (a model that mixed gemv with F.linear would spin two thread pools against each other)."""
+    seconds = {
+        ("packed", 32, 64): (2.0, 1.0),  # (F.linear, the kernel)
+        ("packed", 64, 16): (1.0, 2.0),
+        ("gemv", 32, 64): (2.0, 1.0),
+        ("gemv", 64, 16): (1.0, 1.5),
+    }
     calls: list[tuple[str, int, int, int]] = []
 
-    def probe(kernel: str, rows: int, d_in: int, d_out: int) -> float:
+    def probe(kernel: str, rows: int, d_in: int, d_out: int) -> tuple[float, float]:
         calls.append((kernel, rows, d_in, d_out))
-        return 2.0 if (kernel, d_in, d_out) in faster else 0.5
+        return seconds[kernel, d_in, d_out]
 
-    monkeypatch.setattr(linear_module, "decode_speedup", probe)
+    monkeypatch.setattr(linear_module, "_decode_seconds", probe)
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(32, 64), Linear(64, 16))
     with torch.no_grad(), packed_for_rows(model, 8):
-        assert model[0].packed is not None and model[0].row_view is None
-        assert model[1].packed is None and model[1].row_view is not None
+        assert model[0].packed is not None and model[1].packed is None
         assert ("packed", 8, 32, 64) in calls and ("gemv", 1, 64, 16) in calls
-        assert not linear_module.on_gemv(model)  # one layer on F.linear: torch keeps its threads
+        assert linear_module.on_gemv(model)  # 2.5 s through gemv against 3 s: all on gemv
         for rows in (8, 1):
             x = torch.randn(rows, 32)
             expected = F.linear(F.linear(x, *model[0].parameters()), *model[1].parameters())
             torch.testing.assert_close(model(x), expected)
     assert all(m.packed is None and m.row_view is None for m in model)
+    seconds["gemv", 64, 16] = (1.0, 2.5)  # now 3.5 s against 3 s: F.linear for every layer
+    with torch.no_grad(), packed_for_rows(model, 1):
+        assert all(m.row_view is None and m.packed is None for m in model)
+        assert not linear_module.on_gemv(model)
 
 
 def test_one_row_outside_a_block_skips_gemv_where_f_linear_measures_faster(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(linear_module, "decode_speedup", lambda *a: 0.5)
+    monkeypatch.setattr(linear_module, "_decode_seconds", lambda *a: (1.0, 2.0))  # F.linear faster
 
     def no_gemv(*args: object) -> None:
         raise AssertionError("gemv taken where the probe found F.linear faster")
