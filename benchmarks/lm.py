@@ -43,6 +43,7 @@ from aiayn.config import ModelConfig, get_preset
 from aiayn.generate import SamplingConfig, generate
 from aiayn.inspect.calc import training_flops_per_token
 from aiayn.interop.hf import to_hf_gpt2
+from aiayn.nn.linear import on_gemv, packed_for_rows
 
 SHAPES = {
     "nanogpt-cpu": dict(n_layers=4, n_heads=4, d_model=128, block=64, batch=12, vocab=65),
@@ -152,7 +153,11 @@ def measure_generate(case: dict[str, Any]) -> dict[str, float]:
     run(16)
     t0 = time.perf_counter()
     run(case["new"])
-    return {"tok_s": case["batch"] * case["new"] / (time.perf_counter() - t0)}
+    got = {"tok_s": case["batch"] * case["new"] / (time.perf_counter() - t0)}
+    if case["impl"] == "aiayn":  # the decoding probe's choice for one row (aiayn/nn/linear.py)
+        with packed_for_rows(model, case["batch"]):
+            got["gemv"] = float(on_gemv(model))
+    return got
 
 
 def measure(case: dict[str, Any]) -> dict[str, float]:
@@ -257,6 +262,7 @@ def main() -> int:
                 hf_s = spread([r["tok_s"] for r in got["hf"]])
                 ratio = ours_s["median"] / hf_s["median"]
                 print(f"{shape:<18}{batch:>6}{cell(ours_s):>20}{cell(hf_s):>20}{ratio:>13.2f}x")
+                ours_s["gemv_by_round"] = [bool(r.get("gemv")) for r in got["aiayn"]]
                 results["generate"][f"{shape}/b{batch}"] = {
                     "aiayn": ours_s,
                     "hf": hf_s,
