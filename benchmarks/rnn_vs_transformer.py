@@ -17,8 +17,8 @@
   its budget).  Every run is resumable; each is scored by
   sacreBLEU on test_2016_flickr (beam 4) with its training tokens/s.
 * ``reach``: for the trained models (``--steps N``: a Transformer trained N steps and the
-  GRUs trained as long, when the train stage's folders are not at hand), the gradient of the last prediction's loss with respect
-  to the decoder input k positions back (aiayn/evaluate/gradient_reach.py), over the
+  GRUs trained as long, when the train stage's folders are not at hand), the gradient of the
+  last prediction's loss with respect to the decoder input k positions back (aiayn/evaluate/gradient_reach.py), over the
   validation sentences with at least 20 target tokens: the measured counterpart of 0.9^k.
 
 Writes benchmarks/results/rnn_vs_transformer.json and PNG plots beside it.
@@ -205,6 +205,12 @@ def _score(folder: Path, root: Path) -> dict[str, float]:
             "train_tokens_per_s": statistics.median(tok_s) if tok_s else math.nan}  # fmt: skip
 
 
+def _equal_time_steps(tf_steps: int, seconds: dict[str, float], name: str) -> int:
+    """The steps of model ``name`` that take as long as ``tf_steps`` Transformer steps, by
+    the step times measured on the same batches."""
+    return max(1, round(tf_steps * seconds["transformer"] / seconds[name]))
+
+
 def stage_train(out: Path, root: Path) -> dict[str, Any]:
     from aiayn.checkpoint import load_bundle
     from aiayn.inspect.calc import translation_batch_flops
@@ -235,7 +241,7 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
         config = run.model.replace(vocab_size=tokenizer.vocab_size, pad_id=0)
         budgets = {
             "equal-flops": _equal_flops_steps(run, config, tokenizer, root, tf_flops),
-            "equal-time": max(1, round(tf_steps * seconds["transformer"] / seconds[name])),
+            "equal-time": _equal_time_steps(tf_steps, seconds, name),
         }
         for budget, steps in budgets.items():
             folder = out / f"{name}-{budget}"
@@ -285,7 +291,7 @@ def _reach_models(out: Path, root: Path, steps: int | None) -> dict[str, Path]:
     folders = {}
     for name in CONFIGS:
         folder = out / f"reach-{steps}" / name
-        n = max(1, round(steps * seconds["transformer"] / seconds[name]))
+        n = _equal_time_steps(steps, seconds, name)
         _train(CONFIGS[name], folder, n, root)
         folders[f"{name} ({n:,} steps)"] = folder
     return folders

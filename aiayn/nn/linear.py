@@ -218,11 +218,8 @@ def _gemv(x: Tensor, w_t: np.ndarray, b: np.ndarray | None) -> Tensor:
 def _per_layer(model: nn.Module, attr: str, make: Any) -> Iterator[None]:
     """Set ``attr`` = ``make(layer)`` on every fp32 CPU :class:`Linear` of ``model`` that has
     none, for the block; an inner block keeps (and leaves) what an outer one set."""
-    layers = [
-        m
-        for m in model.modules()
-        if isinstance(m, Linear) and _fast_path(m.weight, m.weight) and getattr(m, attr) is None
-    ]  # make(m) may return None: the layer keeps F.linear
+    layers = [m for m in _decoding_layers(model) if getattr(m, attr) is None]
+    # make(m) may return None: the layer keeps F.linear
     try:
         for m in layers:
             setattr(m, attr, make(m))
@@ -254,10 +251,7 @@ def packed_for_rows(model: nn.Module, rows: int) -> Iterator[None]:
     # torch's threads up (on_gemv); a model mixing the two, its torch threads spinning beside
     # BLAS's, ran a 6-layer model's one-row decoding at 10 tokens/s instead of 250 here.  So
     # every layer goes to gemv if the summed one-row products of the model run faster so.
-    layers = [
-        m for m in model.modules() if isinstance(m, Linear) and _fast_path(m.weight, m.weight)
-    ]
-    gemv = _gemv_faster([_shape(m) for m in layers])
+    gemv = _gemv_faster([_shape(m) for m in _decoding_layers(model)])
     packing = _per_layer(model, "packed", pack) if rows > 1 else nullcontext()
     with packing, _per_layer(model, "row_view", _row_view if gemv else lambda m: None):
         yield
@@ -275,10 +269,13 @@ def on_gemv(model: nn.Module) -> bool:
     :func:`packed_for_rows`, on a host where gemv measured faster): then a one-row decoding
     step runs all its products on BLAS's own threads, and its callers give torch's small
     operations one thread so that the two thread pools do not spin against each other."""
-    layers = [
-        m for m in model.modules() if isinstance(m, Linear) and _fast_path(m.weight, m.weight)
-    ]
+    layers = _decoding_layers(model)
     return bool(layers) and all(m.row_view is not None for m in layers)
+
+
+def _decoding_layers(model: nn.Module) -> list[Linear]:
+    """The fp32 CPU :class:`Linear` layers of ``model``: those the decoding kernels serve."""
+    return [m for m in model.modules() if isinstance(m, Linear) and _fast_path(m.weight, m.weight)]
 
 
 def _shape(m: Linear) -> tuple[int, int]:
