@@ -164,6 +164,7 @@ class Linear(nn.Linear):
 
     packed: Tensor | None = None  # set inside packed_for_inference()
     row_view: _RowView | None = None  # set inside gemv_views()
+    gemv_off: bool | None = None  # True inside a packed_for_rows() block that rejected gemv
 
     def forward(self, x: Tensor) -> Tensor:
         view = self.row_view
@@ -184,6 +185,7 @@ class Linear(nn.Linear):
             rows == 1
             and not torch.is_grad_enabled()
             and not torch.compiler.is_compiling()
+            and self.gemv_off is None
             and decode_speedup("gemv", 1, self.in_features, self.out_features) > 1
         ):
             return _gemv(x, *_row_view(self))
@@ -241,8 +243,9 @@ def gemv_views(model: nn.Module) -> AbstractContextManager[None]:
 def packed_for_rows(model: nn.Module, rows: int) -> Iterator[None]:
     """What decoding ``rows`` rows per step wants: weights packed for oneDNN when there are
     several (as :func:`packed_for_inference`), and for a step down to one row, BLAS's gemv on
-    views of the weights themselves (as :func:`gemv_views`) -- each only for the layers whose
-    weight shape it runs faster than ``F.linear`` on this host (:func:`decode_speedup`)."""
+    views of the weights themselves (as :func:`gemv_views`) -- each only where it runs faster
+    than ``F.linear`` on this host (:func:`decode_speedup`): packing per weight shape, gemv for
+    the whole model or not at all."""
 
     def pack(m: Linear) -> Tensor | None:
         return _pack(m, rows) if decode_speedup("packed", rows, *_shape(m)) > 1 else None
@@ -253,7 +256,12 @@ def packed_for_rows(model: nn.Module, rows: int) -> Iterator[None]:
     # every layer goes to gemv if the summed one-row products of the model run faster so.
     gemv = _gemv_faster([_shape(m) for m in _decoding_layers(model)])
     packing = _per_layer(model, "packed", pack) if rows > 1 else nullcontext()
-    with packing, _per_layer(model, "row_view", _row_view if gemv else lambda m: None):
+    one_row = (
+        _per_layer(model, "row_view", _row_view)
+        if gemv
+        else _per_layer(model, "gemv_off", lambda m: True)
+    )  # off for every layer, the one-row path outside blocks included
+    with packing, one_row:
         yield
 
 

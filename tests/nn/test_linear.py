@@ -216,3 +216,22 @@ def test_one_row_outside_a_block_skips_gemv_where_f_linear_measures_faster(
         with packed_for_rows(layer, 1):
             assert layer.row_view is None
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_a_block_that_rejects_gemv_for_the_model_keeps_every_one_row_product_off_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gemv wins for one shape but loses in all: inside the block no layer may take it, not
+    even through the one-row path outside blocks (its thread pool would spin beside torch's)."""
+    seconds = {(32, 64): (2.0, 1.0), (64, 16): (1.0, 2.5)}  # (F.linear, gemv): 3 s against 3.5
+    monkeypatch.setattr(linear_module, "_decode_seconds", lambda k, r, i, o: seconds[i, o])
+
+    def no_gemv(*args: object) -> None:
+        raise AssertionError("gemv taken inside a block that rejected it for the model")
+
+    model = torch.nn.Sequential(Linear(32, 64), Linear(64, 16))
+    x = torch.randn(1, 32)
+    with torch.no_grad(), packed_for_rows(model, 1):
+        monkeypatch.setattr(linear_module, "_gemv", no_gemv)
+        expected = F.linear(F.linear(x, *model[0].parameters()), *model[1].parameters())
+        torch.testing.assert_close(model(x), expected)
