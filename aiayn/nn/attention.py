@@ -105,8 +105,9 @@ def reference_backend(
         if mask is not None:
             if mask.dim() >= 3 and mask.shape[-3] != 1:
                 mask = mask.unflatten(-3, (k.shape[-4], groups))
-            else:
+            elif mask.dim() >= 3:
                 mask = mask.unsqueeze(-3)
+            # a (T, S) or (S,) mask broadcasts against (B, H_kv, G, T, S) as it is
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T, S)
     weights = masked_softmax(scores, mask, is_causal=is_causal, window=window)
     mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
@@ -164,6 +165,8 @@ def sdpa_backend(
         )
         return out, None
     structural = structural_mask(t, s, is_causal, window, q.device)
+    if mask is not None and mask.dim() == 1:
+        mask = mask[None]  # (S,) -> (1, S): PyTorch's kernel wants the query axis
     if mask is None:
         attn = structural
     elif mask.dtype == torch.bool:

@@ -167,6 +167,19 @@ def test_grouped_query_equals_repeated_heads(backend: str, n_kv: int) -> None:
     torch.testing.assert_close(sdpa(q, k, v, mask, is_causal=True, backend=backend), expected)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(5,), (5, 5), (2, 1, 5, 5)])
+def test_grouped_query_takes_masks_of_any_rank(backend: str, shape: tuple[int, ...]) -> None:
+    # A key mask (S,) or (T, S) broadcasts over batch and heads, as in PyTorch; the reference
+    # backend once failed on a one-dimensional mask with grouped heads.
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.rand(shape) > 0.3
+    mask[..., 0] = True
+    expected = sdpa(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), mask)
+    torch.testing.assert_close(sdpa(q, k, v, mask, backend=backend), expected)
+
+
 def test_return_weights_rows_sum_to_one_and_sdpa_refuses() -> None:
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
     out, w = sdpa(q, k, v, is_causal=True, return_weights=True)
