@@ -1,11 +1,11 @@
 """Load on `aiayn serve`: throughput and latency under concurrency, against serving one request
 at a time and against HF ``generate`` behind the same kind of endpoint.
 
-    python benchmarks/serve.py [--requests 64] [--concurrency 1 4 16] [--json PATH]
+    python benchmarks/serve.py [--requests 64] [--concurrency 1 4 16] [--rounds 3] [--json PATH]
 
 The model is the 6-layer, 384-wide GPT of benchmarks/lm.py (65 characters, context 320), its
 initial weights saved once as a checkpoint; what is measured is compute, not text quality.
-Four servers, each in a fresh process on 127.0.0.1, run one after the other:
+Four servers, each a process of its own on 127.0.0.1, all started before the first load:
 
 * ``aiayn``: ``aiayn serve`` with continuous batching (16 rows);
 * ``aiayn:12``: the same with a 12-row pool (``--max-batch 12``): at 16 concurrent requests, 4
@@ -22,6 +22,12 @@ text without the data), 32-128 new tokens, greedy.  Every server sees the same r
 same order.  Reported: generated tokens/s over the run, and p50/p99 of the time to first token
 (TTFT) and of the time per output token after the first (TPOT), per request.  The work is fixed
 (requests and tokens); only times are measured.
+
+The runs are interleaved: each of ``--rounds`` rounds runs every server at every concurrency,
+the servers' order rotated per round, and the ratios the targets are stated in (tokens/s
+against serving one at a time and against HF; p99 TPOT against a lone request's) are taken
+within a round, then reported as the median with min-max over the rounds.  This host's speed
+drifts by up to 2x from hour to hour; a ratio between two runs ten minutes apart does not.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rounds import host_rates, rates_line
+from rounds import cell, host_rates, rates_line, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "serve.json"
@@ -221,6 +227,27 @@ def start(kind: str, checkpoint: Path, threads: int) -> tuple[subprocess.Popen, 
     raise RuntimeError(f"the {kind} server did not start")
 
 
+METRICS = ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "tpot_mean_ms")
+
+
+def ratios(runs: dict[str, list[dict[str, Any]]], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Per server and concurrency, the ratios the targets are stated in, each taken within one
+    round (the host's speed drifts between rounds, not within one): tokens/s over the
+    unbatched server's and over HF's at the same concurrency, and p99 TPOT over the lone
+    request's (aiayn at concurrency 1, its p50)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for key, got in runs.items():
+        c = key.split("@")[1]
+        pairs = {"x_unbatched": (f"aiayn-unbatched@{c}", "tok_s", "tok_s"),
+                 "x_hf": (f"hf@{c}", "tok_s", "tok_s"),
+                 "p99_tpot_over_lone": ("aiayn@1", "tpot_p99_ms", "tpot_p50_ms")}  # fmt: skip
+        out[key] = {}
+        for name, (peer, mine, theirs) in pairs.items():
+            if peer in runs:
+                out[key][name] = [got[r][mine] / runs[peer][r][theirs] for r in range(rounds)]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -228,6 +255,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--servers", nargs="+", default=["aiayn", "aiayn:12", "aiayn-unbatched", "hf"])
+    ap.add_argument("--rounds", type=int, default=3, help="load runs per server and concurrency")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--data", default=None)
     ap.add_argument("--json", default=str(RESULTS))
@@ -243,39 +271,56 @@ def main() -> int:
         text = (data_dir(args.data) / "tinyshakespeare" / "input.txt").read_text()
     except (OSError, ValueError):
         text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
-    rates = host_rates()
-    print(rates_line(rates), flush=True)
+    rates = [host_rates()]
+    print(rates_line(rates[0]), flush=True)
     requests = workload(text, args.requests)
-    results: dict[str, Any] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / "checkpoint"
         make_checkpoint(checkpoint, text)
-        for kind in args.servers:
-            proc, url = start(kind, checkpoint, args.threads)
-            try:
-                asyncio.run(load(url, requests[:4], 2))  # warm-up
-                for c in args.concurrency:
-                    got = asyncio.run(load(url, requests, c))
-                    results[f"{kind}@{c}"] = got
-                    print(f"{kind:>16} c={c:<3} {got['tok_s']:8.1f} tok/s  TTFT p50/p99 "
-                          f"{got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT p50/p99 "
-                          f"{got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms  client CPU {got['client_cpu_s']:.2f} s of {got['wall_s']:.2f} s", flush=True)  # fmt: skip
-            finally:
+        # Every server is up for the whole run (idle ones wait on a lock and use no CPU), and
+        # each round runs them all, in an order rotated per round: a ratio is then taken
+        # between runs minutes apart, not between a fast and a slow hour of the host.
+        servers: dict[str, tuple[subprocess.Popen, str]] = {}
+        try:
+            for kind in args.servers:
+                servers[kind] = start(kind, checkpoint, args.threads)
+                asyncio.run(load(servers[kind][1], requests[:4], 2))  # warm-up
+            for r in range(args.rounds):
+                shift = r % len(args.servers)
+                for kind in args.servers[shift:] + args.servers[:shift]:
+                    for c in args.concurrency:
+                        got = asyncio.run(load(servers[kind][1], requests, c))
+                        runs.setdefault(f"{kind}@{c}", []).append(got)
+                        print(f"round {r + 1} {kind:>16} c={c:<3} {got['tok_s']:8.1f} tok/s  TTFT p50/p99 "
+                              f"{got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT p50/p99 "
+                              f"{got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms  client CPU {got['client_cpu_s']:.2f} s of {got['wall_s']:.2f} s", flush=True)  # fmt: skip
+        finally:
+            for proc, _ in servers.values():
                 proc.terminate()
+            for proc, _ in servers.values():
                 proc.wait(30)
-    print(f"\n{'server':>16} {'C':>3} {'tok/s':>9} {'× unbatched':>12} {'× hf':>6} "
-          f"{'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>17} {'p99 TPOT / lone':>16}")  # fmt: skip
-    lone = results.get("aiayn@1", {}).get("tpot_p50_ms")
-    for key, r in results.items():
+    rates.append(host_rates())
+    print(rates_line(rates[1]), flush=True)
+    within = ratios(runs, args.rounds)
+    results = {key: {"concurrency": got[0]["concurrency"], "requests": got[0]["requests"],
+                     "tokens": got[0]["tokens"], "rounds": got,
+                     **{m: spread([g[m] for g in got]) for m in METRICS},
+                     **{name: spread(v) for name, v in within[key].items()}}
+               for key, got in runs.items()}  # fmt: skip
+    print(f"\nmedians over {args.rounds} rounds (min-max); ratios taken within each round")
+    print(f"{'server':>16} {'C':>3} {'tok/s':>17} {'× unbatched':>17} {'× hf':>17} "
+          f"{'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>16} {'p99 TPOT / lone':>17}")  # fmt: skip
+    nan = {"median": float("nan"), "min": float("nan"), "max": float("nan")}
+    for key, row in results.items():
         kind, c = key.split("@")
-        base = results.get(f"aiayn-unbatched@{c}", {}).get("tok_s")
-        hf = results.get(f"hf@{c}", {}).get("tok_s")
-        print(f"{kind:>16} {c:>3} {r['tok_s']:9.1f} {r['tok_s'] / base if base else float('nan'):12.2f}"
-              f" {r['tok_s'] / hf if hf else float('nan'):6.2f}"
-              f" {r['ttft_p50_ms']:8.1f}/{r['ttft_p99_ms']:8.1f} {r['tpot_p50_ms']:8.2f}/{r['tpot_p99_ms']:8.2f}"
-              f" {r['tpot_p99_ms'] / lone if lone else float('nan'):16.2f}")  # fmt: skip
+        print(f"{kind:>16} {c:>3} {cell(row['tok_s']):>17} {cell(row.get('x_unbatched', nan), '.2f'):>17}"
+              f" {cell(row.get('x_hf', nan), '.2f'):>17}"
+              f" {row['ttft_p50_ms']['median']:8.1f}/{row['ttft_p99_ms']['median']:8.1f}"
+              f" {row['tpot_p50_ms']['median']:7.2f}/{row['tpot_p99_ms']['median']:7.2f}"
+              f" {cell(row.get('p99_tpot_over_lone', nan), '.2f'):>17}")  # fmt: skip
     out = {"host": rates, "threads": args.threads, "shape": SHAPE, "requests": args.requests,
-           "results": results}  # fmt: skip
+           "rounds": args.rounds, "results": results}  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json}")
