@@ -121,9 +121,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         start_engine=False,
         context=args.context,
     )
+    # On shutdown the engine stops first and every open stream hears an error event and ends,
+    # so uvicorn's graceful shutdown (which also runs the app's lifespan to its end) is quick;
+    # the timeout bounds it should a client hold its connection open.  A forced exit instead
+    # cancels the lifespan and logs a traceback for an ordinary Ctrl-C.
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
-    )
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    )  # fmt: skip
     engine = app.state.engine
 
     def http_server() -> None:
@@ -156,10 +163,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        server.should_exit = True
-        server.force_exit = True  # do not wait on open connections: the engine has stopped
         if engine is not None:
-            engine.stop()
+            engine.stop()  # first: the open streams end with an error event
+        server.should_exit = True
         http.join(10)
         signal.signal(signal.SIGTERM, previous)
         print("aiayn serve: stopped", file=sys.stderr)

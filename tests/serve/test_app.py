@@ -271,6 +271,10 @@ def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(tmp_path, s
             pytest.skip("SIGINT is ignored here (a background job): the server inherits that")
         proc.send_signal(getattr(signal, stop))
         assert proc.wait(30) == 0
+        log = proc.stderr.read()  # type: ignore[union-attr]
+        # An ordinary stop is not an error: no traceback (a forced exit cancelled the app's
+        # lifespan and uvicorn logged one).
+        assert "aiayn serve: stopped" in log and "Traceback" not in log, log
 
 
 def test_a_bpe_checkpoint_stops_at_its_end_of_text_token() -> None:
