@@ -2,7 +2,7 @@
 implementations interleaved round by round, medians with min-max (benchmarks/rounds.py).
 
     python benchmarks/translation_speed.py [--dtype float32|bfloat16] [--rounds 3] [--threads 2]
-                                           [--repeat 5] [--quick] [--json ...]
+                                           [--repeat 5] [--quick] [--no-train] [--json ...]
 
 1. Training: one optimizer step (forward, label-smoothed loss, backward, Adam 0.9/0.98/1e-9)
    of a 3+3-layer, 256-wide, 4-head, d_ff 1024, 8k-vocabulary encoder-decoder on a ~4k-token
@@ -50,7 +50,7 @@ from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.files import data_dir, read_lines
 from aiayn.generate.beam import BeamConfig, beam_search
 from aiayn.inspect.calc import training_flops_per_token
-from aiayn.nn.linear import packed_for_inference
+from aiayn.nn.linear import packed_for_rows
 from aiayn.nn.positions import sinusoidal_table
 
 V, D, H, FF, LAYERS, PAIRS, LEN = 8000, 256, 4, 1024, 3, 128, 32
@@ -183,9 +183,11 @@ def measure_beam(case: dict[str, Any]) -> dict[str, float]:
             )  # fmt: skip
 
     # aiayn's decoding products run on weights packed once per run, as `aiayn translate` does
-    # (aiayn/generate/translate.py); packing them inside the timed loop, once per batch, is
-    # what a bare beam_search call does.  HF has no such step.
-    packing = packed_for_inference(model, rows=4 * batch) if case["impl"] == "aiayn" else None
+    # (aiayn/generate/translate.py): the same run-time choice, per weight shape, of packed
+    # oneDNN weights or F.linear (and of gemv for one row) that it makes, so a host where
+    # packing is slower does not pack.  Packing inside the timed loop, once per batch, is what
+    # a bare beam_search call does.  HF has no such step.
+    packing = packed_for_rows(model, 4 * batch) if case["impl"] == "aiayn" else None
     with torch.no_grad(), packing or contextlib.nullcontext():
         decode(chunks[0][:1, :8])  # warm-up, untimed
         t0 = time.perf_counter()
@@ -209,6 +211,7 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=64, help="beam search at batch 64")
     ap.add_argument("--sentences-b1", type=int, default=8, help="beam search at batch 1")
     ap.add_argument("--quick", action="store_true", help="1 round, 2 steps: a smoke run")
+    ap.add_argument("--no-train", action="store_true", help="skip the training table")
     ap.add_argument("--data", default=None)
     ap.add_argument(
         "--json", default=None, help="default benchmarks/results/translation_speed_DTYPE.json"
@@ -222,32 +225,33 @@ def main() -> int:
     print(f"{rates_line(rates)}; {args.threads} threads; {args.dtype}; {args.rounds} rounds\n")
     results: dict[str, Any] = {"args": vars(args), "rates_before": rates}
 
-    train_cases = [
-        {"name": impl, "what": "train", "impl": impl, "repeat": args.repeat, **common}
-        for impl in [*BUILD, *(VARIANTS if args.dtype == "float32" else {})]
-    ]
-    got = interleaved(__file__, train_cases, args.rounds)
-    flops = training_flops_per_token(ours().config, LEN) * PAIRS * LEN
-    mm = rates["mm_bf16_gflops" if args.dtype == "bfloat16" else "best_fp32_gflops"] * 1e9
-    print(
-        f"{'training step':<24}{'ms/step':>22}{'src+tgt tok/s':>15}{'MFU':>7}{'aiayn faster':>14}"
-    )
-    rows: dict[str, Any] = {}
-    for impl, runs in got.items():
-        if runs:
-            rows[impl] = spread([r["s"] * 1e3 for r in runs])
-    for impl, ms in rows.items():
-        sec = ms["median"] / 1e3
-        ratio = ms["median"] / rows["aiayn"]["median"] if "aiayn" in rows else math.nan
-        rows[impl] |= {
-            "tokens_per_s": 2 * PAIRS * LEN / sec,
-            "mfu": flops / sec / mm,
-            "aiayn_faster": ratio,
-        }
+    if not args.no_train:
+        train_cases = [
+            {"name": impl, "what": "train", "impl": impl, "repeat": args.repeat, **common}
+            for impl in [*BUILD, *(VARIANTS if args.dtype == "float32" else {})]
+        ]
+        got = interleaved(__file__, train_cases, args.rounds)
+        flops = training_flops_per_token(ours().config, LEN) * PAIRS * LEN
+        mm = rates["mm_bf16_gflops" if args.dtype == "bfloat16" else "best_fp32_gflops"] * 1e9
         print(
-            f"{impl:<24}{cell(ms):>22}{2 * PAIRS * LEN / sec:>15,.0f}{flops / sec / mm:>7.1%}{ratio:>13.2f}x"
+            f"{'training step':<24}{'ms/step':>22}{'src+tgt tok/s':>15}{'MFU':>7}{'aiayn faster':>14}"
         )
-    results["train_ms_per_step"] = rows
+        rows: dict[str, Any] = {}
+        for impl, runs in got.items():
+            if runs:
+                rows[impl] = spread([r["s"] * 1e3 for r in runs])
+        for impl, ms in rows.items():
+            sec = ms["median"] / 1e3
+            ratio = ms["median"] / rows["aiayn"]["median"] if "aiayn" in rows else math.nan
+            rows[impl] |= {
+                "tokens_per_s": 2 * PAIRS * LEN / sec,
+                "mfu": flops / sec / mm,
+                "aiayn_faster": ratio,
+            }
+            print(
+                f"{impl:<24}{cell(ms):>22}{2 * PAIRS * LEN / sec:>15,.0f}{flops / sec / mm:>7.1%}{ratio:>13.2f}x"
+            )
+        results["train_ms_per_step"] = rows
 
     beam_cases = [
         {
