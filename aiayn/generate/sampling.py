@@ -87,7 +87,9 @@ def next_token_distribution(
     logits = _penalised(logits, config, seen)
     if config.greedy:
         return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / config.temperature
+    # The max first: (l - max) / T is <= 0 everywhere, so a tiny T sends the others to -inf
+    # (weight 0) instead of overflowing the largest to inf (inf - inf is NaN in the softmax).
+    logits = (logits - logits.amax(-1, keepdim=True)) / config.temperature
     if config.top_k is not None:
         logits = top_k_filter(logits, config.top_k)
     if config.top_p is not None:

@@ -1,11 +1,14 @@
 """``aiayn serve``: the HTTP face of the engine (aiayn/serve/engine.py), a FastAPI app.
 
 =============================  =================================================================
-``POST /v1/completions``       OpenAI-compatible: prompt, max_tokens, temperature, top_p, top_k,
-                               stop, seed, stream (server-sent events, ending ``data: [DONE]``)
+``POST /v1/completions``       OpenAI-compatible: prompt (text or token ids), max_tokens,
+                               temperature, top_p, top_k, stop, seed, stream (server-sent
+                               events, ending ``data: [DONE]``; ``stream_options.include_usage``
+                               adds OpenAI's closing usage chunk); logprobs, echo, suffix and
+                               best_of > 1 are refused with a 400 rather than ignored
 ``POST /v1/translate``         encoder-decoder checkpoints: ``text`` (a string or a list),
                                ``beam`` (1 = greedy)
-``GET /health``                the model and whether the engine runs
+``GET /health``                the model and whether the engine runs (503 once it has stopped)
 ``GET /metrics``               Prometheus text: requests, tokens, tokens/s, queue depth, running
                                batch size, cache slots in use
 =============================  =================================================================
@@ -60,12 +63,18 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     )
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class CompletionBody(BaseModel):
-    """OpenAI's completion request (the fields this server uses; others are ignored)."""
+    """OpenAI's completion request: the fields this server uses, those it refuses by name, and
+    any other ignored."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids
     max_tokens: Annotated[int, Field(ge=1)] = 16
     temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
@@ -73,7 +82,14 @@ class CompletionBody(BaseModel):
     stop: str | list[str] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
+    # Accepted by OpenAI but not served here: refused by name rather than ignored, since a
+    # client that asks for them reads fields this server would leave empty.
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 class TranslateBody(BaseModel):
@@ -141,6 +157,15 @@ def create_app(
     row of the pool holds that many positions (default: the model's max_len, at most 4,096)."""
     engine: Engine | None = None
     translator: _Translator | None = None
+    for key, value, least in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0),
+                              ("prefill_chunk", prefill_chunk, 1),
+                              ("max_prompt_tokens", max_prompt_tokens, 1),
+                              ("max_new_tokens", max_new_tokens, 1)):  # fmt: skip
+        if value is not None and value < least:
+            unset = (
+                " (or unset: the context)" if key.startswith("max_") and "_tokens" in key else ""
+            )
+            raise ValueError(f"{key}={value}: expected at least {least}{unset}")
     max_len = min(model.config.max_len, context or 4096)
     if context is not None and not 2 <= context <= model.config.max_len:
         raise ValueError(
@@ -163,8 +188,8 @@ def create_app(
         translator = _Translator(model, tokenizer, max_queue)
     else:
         raise ValueError(f"a {type(model).__name__} cannot be served: it does not generate text")
-    prompt_limit = min(max_prompt_tokens or max_len - 1, max_len - 1)
-    new_limit = max_new_tokens or max_len
+    prompt_limit = max_len - 1 if max_prompt_tokens is None else min(max_prompt_tokens, max_len - 1)
+    new_limit = max_len if max_new_tokens is None else max_new_tokens
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -176,7 +201,6 @@ def create_app(
 
     app = FastAPI(title="aiayn serve", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.engine = engine
-    created = int(time.time())
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError) -> JSONResponse:
@@ -203,18 +227,23 @@ def create_app(
         return error_response(503, str(err), "server_error")
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
+    def health() -> JSONResponse:
+        """200 while requests are taken; 503 once the engine has stopped or failed, so that a
+        load balancer's or Kubernetes' probe, which reads the status code, stops sending."""
         running = engine.accepting if engine is not None else True
-        return {"status": "ok" if running else "stopped", "model": name,
+        body = {"status": "ok" if running else "stopped", "model": name,
                 "kind": type(model).__name__, "max_len": max_len}  # fmt: skip
+        return JSONResponse(body, status_code=200 if running else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> str:
         lines = []
 
         def metric(key: str, kind: str, help_: str, value: float) -> None:
+            # Exact: counters past a million must still show every increment (``rate()``).
+            text = str(value) if isinstance(value, int) else repr(float(value))
             lines.extend([f"# HELP aiayn_{key} {help_}", f"# TYPE aiayn_{key} {kind}",
-                          f"aiayn_{key} {value:g}"])  # fmt: skip
+                          f"aiayn_{key} {text}"])  # fmt: skip
 
         if engine is None:
             return "\n".join(lines) + "\n"
@@ -236,10 +265,33 @@ def create_app(
     async def completions(body: CompletionBody, http: Request) -> Any:
         if engine is None:
             raise APIError(400, f"{name} is an encoder-decoder: use POST /v1/translate")
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        unsupported = [
+            f"{key}={value!r}"
+            for key, value, default in (
+                ("logprobs", body.logprobs, None), ("echo", body.echo, False),
+                ("suffix", body.suffix, None), ("best_of", body.best_of, 1),
+            )
+            if value is not None and value != default
+        ]  # fmt: skip
+        if unsupported:
+            raise APIError(400, f"{', '.join(unsupported)}: not supported by this server")
+        prompt = body.prompt
+        prompts: list[Any] = [prompt] if isinstance(prompt, str) or (
+            prompt and isinstance(prompt[0], int)) else list(prompt)  # fmt: skip
         if len(prompts) != 1:
             raise APIError(400, f"prompt: give one prompt per request (got {len(prompts)})")
-        ids = tokenizer.encode(prompts[0])
+        if isinstance(prompts[0], str):
+            try:
+                ids = tokenizer.encode(prompts[0])
+            except ValueError as err:  # e.g. a character outside a character-level vocabulary
+                raise APIError(400, f"prompt: {err}") from None
+        else:  # token ids
+            ids = list(prompts[0])
+            vocab = model.config.vocab_size
+            bad = [i for i in ids if not 0 <= i < vocab]
+            if bad:
+                raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary"
+                                    f" (0 to {vocab - 1})")  # fmt: skip
         if not ids:
             raise APIError(400, "prompt: empty (it must have at least one token)")
         if len(ids) > prompt_limit:
@@ -268,7 +320,9 @@ def create_app(
         request = EngineRequest(ids, body.max_tokens, sampling, body.seed, stops, emit)
         engine.submit(request)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
-        head = {"id": rid, "object": "text_completion", "created": created, "model": name}
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": name}  # fmt: skip
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
 
         def usage() -> dict[str, int]:
             return {"prompt_tokens": len(ids), "completion_tokens": len(request.tokens),
@@ -290,6 +344,8 @@ def create_app(
                                   "finish_reason": event.finish_reason if done else None}  # fmt: skip
                         yield f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
                         if done:
+                            if include_usage:  # OpenAI's last chunk: no choices, the usage
+                                yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage()})}\n\n"
                             yield "data: [DONE]\n\n"
                             break
                 finally:
@@ -302,13 +358,21 @@ def create_app(
             )
 
         try:
+            checked = time.monotonic()
             while True:
                 try:
-                    event = await asyncio.wait_for(events.get(), timeout=0.5)
+                    event: Event | None = await asyncio.wait_for(events.get(), timeout=0.25)
                 except TimeoutError:
+                    event = None
+                # Whether the client is still there, every quarter second whether or not
+                # tokens arrive (they arrive every few ms): a client that gave up must not
+                # hold its row until max_tokens.
+                if time.monotonic() - checked >= 0.25:
+                    checked = time.monotonic()
                     if await http.is_disconnected():
                         request.cancel()
-                        raise APIError(499, "client closed the request") from None
+                        raise APIError(499, "client closed the request")
+                if event is None:
                     continue
                 if event.kind == "error":
                     raise APIError(500, event.text, "server_error")

@@ -360,19 +360,21 @@ class Engine:
     def _choose(self, requests: list[Request], logits: Tensor) -> None:
         """Each request's next token from its row of ``logits``, with its own settings."""
         now = time.perf_counter()
+        made = 0  # tokens generated: a request that fails here made none
         for i, r in enumerate(requests):
             try:
                 token = int(choose_next(logits[i : i + 1], r.sampling, seen=r.seen,
                                         generator=r.generator))  # fmt: skip
                 if r.seen is not None:
                     r.seen[0, token] = True
+                made += 1
                 self._append(r, token, now)
             except Exception as err:  # this request fails alone
                 self._release(r, None, error=f"{type(err).__name__}: {err}")
-        self.recent.append((now, len(requests)))
+        self.recent.append((now, made))
         while self.recent and now - self.recent[0][0] > 10.0:
             self.recent.popleft()
-        self.stats["tokens"] += len(requests)
+        self.stats["tokens"] += made
 
     def _append(self, r: Request, token: int, now: float) -> None:
         if r.first_token is None:

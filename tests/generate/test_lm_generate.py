@@ -10,6 +10,7 @@ from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.sampling import (
     apply_repetition_penalty,
     choose_next,
+    next_token_distribution,
     top_k_filter,
     top_p_filter,
 )
@@ -79,6 +80,17 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     assert kept(0.96) == [1, 1, 1, 1]
     shuffled = logits[:, [2, 0, 3, 1]]  # order in the vocabulary does not matter
     assert (top_p_filter(shuffled, 0.79) > float("-inf")).int().tolist()[0] == [0, 1, 0, 1]
+
+
+def test_temperature_scales_the_softmax_and_a_tiny_one_is_greedy() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0]])
+    p = next_token_distribution(logits, SamplingConfig(temperature=2.0))
+    torch.testing.assert_close(p, torch.softmax(logits / 2.0, -1))  # softmax(l / T)
+    # l / T overflows to inf for a tiny T, and softmax(inf, ...) is NaN; the limit is greedy.
+    for t in (1e-45, 1e-30):
+        p = next_token_distribution(logits, SamplingConfig(temperature=t))
+        assert p.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+        assert choose_next(logits, SamplingConfig(temperature=t)).item() == 1
 
 
 def test_top_k_and_repetition_penalty() -> None:

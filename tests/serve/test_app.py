@@ -123,6 +123,11 @@ def test_stop_and_seed() -> None:
         ({"max_tokens": 1}, 400, "prompt"),
         ({"prompt": "a", "seed": 2**64}, 400, "seed"),
         ({"prompt": "a", "top_k": 1000}, 400, "top_k=1000: the vocabulary has"),
+        ({"prompt": "Zebra"}, 400, "prompt: character 'Z' is not in the tokenizer's vocabulary"),
+        ({"prompt": [3, 999]}, 400, "prompt: token id 999 is outside the vocabulary (0 to 27)"),
+        ({"prompt": [[1], [2]]}, 400, "one prompt per request (got 2)"),
+        ({"prompt": "a", "logprobs": 2}, 400, "logprobs=2: not supported"),
+        ({"prompt": "a", "echo": True, "best_of": 3}, 400, "echo=True, best_of=3: not supported"),
     ],
 )
 def test_bad_requests_get_a_clear_400(body: dict, status: int, message: str) -> None:
@@ -147,7 +152,45 @@ def test_limits_busy_and_stopped() -> None:
         engine.stop()
         r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
         assert r.status_code == 503 and "not running" in r.json()["error"]["message"]
-        assert c.get("/health").json()["status"] == "stopped"
+        health = c.get("/health")  # a probe reads the status code
+        assert health.status_code == 503 and health.json()["status"] == "stopped"
+
+
+def test_token_id_prompts_a_tiny_temperature_and_the_time_of_each_response(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import aiayn.serve.app as app_module
+
+    with client() as (c, _, tok):
+        text = c.post("/v1/completions", json={"prompt": "the", "max_tokens": 8,
+                                               "temperature": 0}).json()  # fmt: skip
+        for prompt in (tok.encode("the"), [tok.encode("the")]):  # OpenAI's token-id forms
+            ids = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8,
+                                                  "temperature": 0}).json()  # fmt: skip
+            assert ids["choices"][0]["text"] == text["choices"][0]["text"]
+        # softmax(l / T) overflowed for a tiny T (a 500); its limit is the greedy choice.
+        r = c.post("/v1/completions", json={"prompt": "the", "max_tokens": 8,
+                                            "temperature": 1e-45})  # fmt: skip
+        assert r.status_code == 200 and r.json()["choices"] == text["choices"]
+        # `created` is when the response was made, not when the app was.
+        later = time.time() + 1000
+        monkeypatch.setattr(app_module.time, "time", lambda: later)
+        r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).json()
+        assert r["created"] == int(later)
+
+
+def test_serving_limits_are_checked_when_the_app_is_built() -> None:
+    m, tok = lm_and_tokenizer()
+    for kw, message in [({"max_new_tokens": 0}, "max_new_tokens=0: expected at least 1"),
+                        ({"max_prompt_tokens": -1}, "max_prompt_tokens=-1"),
+                        ({"max_queue": -1}, "max_queue=-1: expected at least 0"),
+                        ({"max_batch": 0}, "max_batch=0"), ({"prefill_chunk": 0}, "prefill_chunk=0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(message)):
+            create_app(m, tok, **kw)  # type: ignore[arg-type]
+
+
+def test_metrics_print_large_counters_exactly() -> None:
+    with client() as (c, _, _):
+        c.app.state.engine.stats["tokens"] = 1_234_567  # type: ignore[attr-defined]
+        assert "aiayn_tokens_generated_total 1234567\n" in c.get("/metrics").text
 
 
 def test_health_and_metrics_count_what_happened() -> None:
@@ -188,6 +231,13 @@ def test_the_openai_client_with_eight_concurrent_requests_and_a_cancelled_stream
                                         temperature=0, stream=True)  # fmt: skip
         streamed = "".join(chunk.choices[0].text for chunk in stream)
         assert streamed == offline(m, tok, "the", 12)
+        stream = api.completions.create(model="tiny", prompt="the", max_tokens=12, temperature=0,
+                                        stream=True, stream_options={"include_usage": True})  # fmt: skip
+        chunks = list(stream)
+        assert "".join(ch.choices[0].text for ch in chunks[:-1]) == offline(m, tok, "the", 12)
+        last = chunks[-1]  # OpenAI's closing chunk: no choices, the usage
+        assert last.choices == [] and last.usage is not None
+        assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (3, 12)
 
         with pytest.raises(openai.BadRequestError, match="at most"):
             api.completions.create(model="tiny", prompt="a", max_tokens=500)
@@ -206,6 +256,29 @@ def test_the_openai_client_with_eight_concurrent_requests_and_a_cancelled_stream
             assert time.monotonic() < deadline, got
             time.sleep(0.05)
         assert got["cache_slots_in_use"] == 0 and got["tokens_generated_total"] < 8 * 26 + 12 + 90
+
+
+def test_a_client_that_leaves_a_non_streaming_request_frees_its_row() -> None:
+    """The server checks for a closed connection while tokens are still coming, not only
+    after a quiet spell: a client that gave up does not hold its row until max_tokens."""
+    m, tok = lm_and_tokenizer(max_len=4096)
+    app = create_app(m, tok, name="tiny", max_batch=2)
+    with served(app) as url:
+        # A first request, so that the engine's start (it measures its kernels) is over and
+        # the tokens of the next one flow without a pause.
+        httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30)
+        body = {"prompt": "a", "max_tokens": 4000, "temperature": 0}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{url}/v1/completions", json=body, timeout=0.5)
+        deadline = time.monotonic() + 30
+        while True:
+            got = metrics(httpx.get(f"{url}/metrics").text)
+            if got["requests_finished_cancelled_total"] == 1:
+                break
+            assert got["requests_finished_length_total"] == 1, "it ran to max_tokens"
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+        assert got["cache_slots_in_use"] == 0 and got["tokens_generated_total"] < 4000
 
 
 def test_translation_endpoint_equals_translate() -> None:

@@ -166,6 +166,28 @@ def test_the_engine_survives_requests_that_raise() -> None:
     engine.stop()
 
 
+def test_a_request_whose_sampling_fails_adds_no_tokens_to_the_count(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import aiayn.serve.engine as engine_module
+
+    broken = SamplingConfig(temperature=0.5, top_k=3)
+    real = engine_module.choose_next
+
+    def choose(logits, config, **kw):  # type: ignore[no-untyped-def]
+        if config == broken:
+            raise RuntimeError("the sampler broke")
+        return real(logits, config, **kw)
+
+    monkeypatch.setattr(engine_module, "choose_next", choose)
+    engine = Engine(lm(), decode, max_batch=2).start()
+    got = Collector()
+    engine.submit(Request([1, 2], 5, broken, emit=got.sink(0)))
+    engine.submit(Request([1, 2], 5, GREEDY, emit=got.sink(1)))
+    got.wait()
+    assert got.events[0][-1].kind == "error" and "the sampler broke" in got.events[0][-1].text
+    assert engine.stats["tokens"] == 5  # the good request's; the failed one made none
+    engine.stop()
+
+
 def test_a_long_prefill_does_not_stall_running_requests() -> None:
     """A 60-token prompt is read 4 tokens per step: the running request keeps getting a token
     every step meanwhile."""
