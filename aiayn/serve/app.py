@@ -10,7 +10,8 @@
                                ``beam`` (1 = greedy)
 ``GET /health``                the model and whether the engine runs (503 once it has stopped)
 ``GET /metrics``               Prometheus text: requests, tokens, tokens/s, queue depth, running
-                               batch size, cache slots in use
+                               batch size, cache slots in use (translation: requests, refused
+                               and failed requests, lines, queue depth)
 =============================  =================================================================
 
 Limits, each a clear error ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): a prompt
@@ -24,6 +25,7 @@ step.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 import time
@@ -118,15 +120,25 @@ class _Translator:
     ) -> None:
         self.model, self.tokenizer, self.max_queue = model, tokenizer, max_queue
         self.count, self.busy, self.waiting = threading.Lock(), threading.Lock(), 0
+        self.stats = collections.Counter[str]()  # what /metrics reports
 
     async def __call__(self, lines: list[str], beam: int) -> list[str]:
         with self.count:
             if self.waiting > self.max_queue:
+                self.stats["rejected"] += 1
                 raise QueueFull(f"{self.waiting} translations are queued (max_queue)")
             self.waiting += 1
+            self.stats["requests"] += 1
         try:
             config = None if beam == 1 else BeamConfig(beam_size=beam)
-            return await asyncio.to_thread(self._run, lines, config)
+            out = await asyncio.to_thread(self._run, lines, config)
+            with self.count:
+                self.stats["lines"] += len(lines)
+            return out
+        except Exception:
+            with self.count:
+                self.stats["failed"] += 1
+            raise
         finally:
             with self.count:
                 self.waiting -= 1
@@ -245,6 +257,16 @@ def create_app(
             lines.extend([f"# HELP aiayn_{key} {help_}", f"# TYPE aiayn_{key} {kind}",
                           f"aiayn_{key} {text}"])  # fmt: skip
 
+        if translator is not None:
+            t = translator.stats
+            metric("requests_total", "counter", "Translation requests accepted.", t["requests"])
+            metric("requests_rejected_total", "counter", "Requests refused: queue full (429).",
+                   t["rejected"])  # fmt: skip
+            metric("requests_failed_total", "counter", "Requests that failed (4xx, 5xx).",
+                   t["failed"])  # fmt: skip
+            metric("lines_translated_total", "counter", "Lines translated.", t["lines"])
+            metric("queue_depth", "gauge", "Requests waiting for or in translation.",
+                   translator.waiting)  # fmt: skip
         if engine is None:
             return "\n".join(lines) + "\n"
         g, s = engine.gauges(), engine.stats

@@ -298,6 +298,10 @@ def test_translation_endpoint_equals_translate() -> None:
         assert r.status_code == 400 and "/v1/translate" in r.json()["error"]["message"]
         r = c.post("/v1/translate", json={"text": "ein " * 40})
         assert r.status_code == 400 and "at most 32" in r.json()["error"]["message"]
+        got = metrics(c.get("/metrics").text)  # a translation server reports its own counts
+        assert got["requests_total"] == 3 and got["lines_translated_total"] == 3
+        assert got["requests_failed_total"] == 1 and got["queue_depth"] == 0
+        assert got["requests_rejected_total"] == 0
 
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
