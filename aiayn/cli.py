@@ -399,6 +399,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Hugging Face checkpoint folders in (--from-hf) and out (--to-hf FAMILY)."""
     from aiayn.interop.hf_folder import convert_from_hf, save_hf_folder
 
+    _check_out(args.out, args.overwrite)
     if args.from_hf:
         path = convert_from_hf(args.from_hf, args.out)
         print(f"wrote the aiayn checkpoint {path}")
@@ -484,10 +485,47 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(path: str, overwrite: bool) -> None:
+    """``--out`` of a command that writes one whole folder, replacing what is there: a new or
+    empty folder, or with ``--overwrite`` an existing one -- but never a link (a run's
+    ``checkpoint`` link) or a training run, whose other files would go with it."""
+    out = Path(path)
+    if out.is_symlink():
+        raise ValueError(f"--out {out} is a link; give the folder to write, not a link to one")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    markers = ("log.csv", "snapshots", "checkpoint", "train_state.pt")  # a run, a resumable state
+    run = [n for n in markers if (out / n).exists() or (out / n).is_symlink()]
+    if run:
+        raise ValueError(
+            f"--out {out} holds a training run or its checkpoint ({', '.join(run)}): writing"
+            " there would replace all of it; give a new folder"
+        )
+    if not overwrite:
+        raise ValueError(
+            f"--out {out} exists and is not empty: everything in it would be replaced; give a"
+            " new folder, or --overwrite to replace it"
+        )
+
+
 def cmd_average(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import save_with_companions
+    from aiayn.checkpoint.bundle import TOKENIZER_FILE
     from aiayn.train.average import average_checkpoints
 
+    _check_out(args.out, args.overwrite)
+    # One vocabulary: the average keeps the last checkpoint's tokenizer, and a token id must
+    # mean the same in every model averaged.
+    first = Path(args.checkpoints[0]) / TOKENIZER_FILE
+    for other in args.checkpoints[1:]:
+        path = Path(other) / TOKENIZER_FILE
+        if first.is_file() != path.is_file() or (
+            first.is_file() and first.read_bytes() != path.read_bytes()
+        ):
+            raise ValueError(
+                f"cannot average {other} with {args.checkpoints[0]}: their tokenizers"
+                f" ({TOKENIZER_FILE}) differ, so their token ids do not mean the same"
+            )
     model = average_checkpoints(args.checkpoints)
     # The last checkpoint's tokenizer and run config go along: the average translates and
     # evaluates directly.
@@ -640,7 +678,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="summarise a preset (with overrides)")
     p.add_argument("preset", help=f"one of: {', '.join(presets())}")
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="config overrides",
+    )
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("calc", help="parameters, FLOPs and memory of a config, without building it")
@@ -648,7 +693,14 @@ def build_parser() -> argparse.ArgumentParser:
         "model",
         help=f"a preset ({', '.join(presets())}), a config JSON file or a saved model folder",
     )
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="config overrides",
+    )
     p.add_argument(
         "--context", type=int, default=None, help="tokens per sequence (default: max_len)"
     )
@@ -668,7 +720,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=str(DEMO_CONFIG))
     p.add_argument("--out", default="runs/demo")
     p.add_argument(
-        "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="config overrides"
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="TABLE.FIELD=VALUE",
+        help="config overrides",
     )
     p.add_argument("--sentences", type=int, default=200, help="test sentences to score")
     _add_device(p)
@@ -685,7 +742,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="replace the run already in OUT (if any)"
     )
     p.add_argument(
-        "--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE", help="e.g. train.max_steps=100"
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="TABLE.FIELD=VALUE",
+        help="e.g. train.max_steps=100",
     )
     _add_device(p)
     p.set_defaults(func=cmd_train)
@@ -730,7 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("average", help="average model checkpoints (§6.1)")
     p.add_argument("checkpoints", nargs="+", help="model folders with one config")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="a new folder (an existing one: --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     p.set_defaults(func=cmd_average)
 
     p = sub.add_parser("inspect", help="pictures: attention maps, positions, worked examples")
@@ -749,7 +812,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--layer", type=int, default=None, help="one layer, from 0 (default: all)")
     q.add_argument("--head", type=int, default=None, help="one head of --layer, from 0")
     q.add_argument("--out", default="figures", help="folder for the PNGs (default: figures/)")
-    q.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="preset overrides")
+    q.add_argument(
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="preset overrides",
+    )
     q.set_defaults(func=cmd_inspect_attention)
     q = inspect.add_parser("positions", help="sinusoidal encodings and RoPE's relative scores")
     q.add_argument("--max-len", type=int, default=128, help="positions to draw")
@@ -770,7 +840,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="write --checkpoint as this HF family",
     )  # fmt: skip
     p.add_argument("--checkpoint", help="the aiayn checkpoint to export (with --to-hf)")
-    p.add_argument("--out", required=True, help="the folder to write")
+    p.add_argument(
+        "--out", required=True, help="the folder to write (an existing one: --overwrite)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser(

@@ -6,6 +6,7 @@ last.  Averaging smooths the noise of the final steps of training, for a small, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -23,7 +24,12 @@ def average_checkpoints(directories: Sequence[str | os.PathLike[str]]) -> Transf
     first = models[0]
     for d, m in zip(directories[1:], models[1:], strict=True):
         if m.config != first.config:
-            raise ValueError(f"cannot average {d}: its config differs from {directories[0]}")
+            differ = ", ".join(
+                f"{f.name} {getattr(m.config, f.name)!r} against {getattr(first.config, f.name)!r}"
+                for f in dataclasses.fields(m.config)
+                if getattr(m.config, f.name) != getattr(first.config, f.name)
+            )
+            raise ValueError(f"cannot average {d} with {directories[0]}: {differ}")
     params = [dict(m.named_parameters()) for m in models]
     for name, p in params[-1].items():
         p.copy_(torch.stack([ps[name] for ps in params]).mean(0))

@@ -135,9 +135,11 @@ def test_convert_a_folder_with_its_tokenizer_and_generate_as_hf_does(
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(tmp_path / "hf" / "tokenizer.json")
     )
-    assert (
-        main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
-    )
+    convert = ["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]
+    assert main(convert) == 0
+    # Again into the now non-empty folder: refused (it would be replaced), unless asked.
+    assert main(convert) == 2 and "--overwrite" in capsys.readouterr().err
+    assert main([*convert, "--overwrite"]) == 0
     from aiayn.checkpoint import load_bundle
 
     bundle = load_bundle(tmp_path / "ours")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import shutil
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,28 @@ def test_train_resume_average_translate(
         dict(avg.named_parameters())[name],
         (dict(a.named_parameters())[name] + dict(b.named_parameters())[name]) / 2,
     )
+    # `aiayn average --out` replaces what is there: never a run, a link, or (without
+    # --overwrite) a folder that holds anything.
+    snap_args = ["average", *map(str, snaps), "--out"]
+    before = sorted(p.name for p in (tmp_path / "full").iterdir())
+    assert main([*snap_args, str(tmp_path / "full")]) == 2  # a run folder
+    assert main([*snap_args, str(tmp_path / "full" / "checkpoint")]) == 2  # its checkpoint
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("important")
+    assert main([*snap_args, str(mine)]) == 2
+    assert (mine / "thesis.tex").read_text() == "important"
+    assert main([*snap_args, str(mine), "--overwrite"]) == 0
+    assert (mine / "model.safetensors").is_file() and not (mine / "thesis.tex").exists()
+    assert main([*snap_args, str(tmp_path / "new")]) == 0
+    other = tmp_path / "other_tok"  # the same model under another vocabulary
+    shutil.copytree(snaps[0], other)
+    (other / "tokenizer.json").write_text(
+        (other / "tokenizer.json").read_text().replace('"a"', '"A"', 1)
+    )
+    assert main(["average", str(snaps[1]), str(other), "--out", str(tmp_path / "x")]) == 2
+    assert "their tokenizers (tokenizer.json) differ" in capsys.readouterr().err
     ckpt = str(tmp_path / "full" / "checkpoint")
     src = tmp_path / "in.txt"
     src.write_text("ein hund läuft\n\neine katze schläft\n")
