@@ -12,7 +12,7 @@ import torch
 
 from aiayn.checkpoint import load_bundle
 from aiayn.config import presets
-from aiayn.data.files import data_dir
+from aiayn.data.files import data_dir, split_lines
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
@@ -191,7 +191,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     model, tokenizer = _load_encoder(args.checkpoint, _device(args))
     source = Path(args.file).read_text(encoding="utf-8") if args.file else sys.stdin.read()
-    lines = source.splitlines()
+    lines = split_lines(source)
     vectors = sentence_embeddings(
         model, tokenizer, lines, batch_size=args.batch_size, truncate=args.truncate
     ).numpy()
@@ -468,7 +468,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     model, tokenizer = _load_translator(args.checkpoint, _device(args))
     text_in = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
-    lines = text_in.splitlines()
+    lines = split_lines(text_in)
     out = translate(
         model,
         tokenizer,

@@ -28,3 +28,11 @@ def test_demo_trains_a_fixed_number_of_steps_translates_and_scores(
     # Another recipe into the same folder starts again.
     assert main([*args, "--set", "train.max_steps=4"]) == 0
     assert "step 4 of 4" in capsys.readouterr().out
+
+
+def test_every_set_option_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse kept only the last of several --set options.
+    assert (
+        main(["info", "gpt2-small", "--set", "n_layers=2", "--set", "d_model=64", "n_heads=2"]) == 0
+    )
+    assert "layers 2, d_model 64, heads 2" in capsys.readouterr().out

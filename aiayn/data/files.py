@@ -51,6 +51,19 @@ def read_text(path: str | os.PathLike[str]) -> str:
     return text
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines of ``text`` split at ``\n`` (and ``\r\n``) only, without their endings.
+
+    ``str.splitlines`` also splits at U+2028, U+0085, form feeds and other separators that
+    can stand inside a sentence; in parallel files that would pair a sentence's second half
+    with the next sentence's translation, and give a translation file more lines than its
+    input."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start another
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def read_lines(path: str | os.PathLike[str]) -> list[str]:
     """All lines of a text file (see :func:`read_text`), without line endings."""
-    return read_text(path).splitlines()
+    return split_lines(read_text(path))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from aiayn.data.batching import padding_fraction, token_batches
+from aiayn.data.files import split_lines
 from aiayn.data.lm_data import TokenStream
 from aiayn.data.parallel import download, read_parallel, sha256
 from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
@@ -31,6 +32,19 @@ def test_parallel_file_errors(tmp_path: Path) -> None:
     (tmp_path / "e").write_text("x\n\n")
     with pytest.raises(ValueError, match="line 2 is empty"):
         read_parallel(tmp_path / "e", tmp_path / "a")
+
+
+def test_lines_split_at_newlines_only(tmp_path: Path) -> None:
+    # U+2028, NEL and form feeds inside a sentence must not split it: str.splitlines did, and
+    # paired half a sentence with the next one's translation.
+    (tmp_path / "a.de").write_text(
+        "Ein\u2028Hund.\nZwei Katzen.\r\nDrei\x0cVögel.\n", encoding="utf-8"
+    )
+    (tmp_path / "a.en").write_text("A dog.\nTwo cats.\nThree\x85birds.", encoding="utf-8")
+    pairs = [(p.source, p.target) for p in read_parallel(tmp_path / "a.de", tmp_path / "a.en")]
+    assert pairs == [("Ein\u2028Hund.", "A dog."), ("Zwei Katzen.", "Two cats."),
+                     ("Drei\x0cVögel.", "Three\x85birds.")]  # fmt: skip
+    assert split_lines("a\n\nb\n") == ["a", "", "b"] and split_lines("a") == ["a"]
 
 
 def test_token_batches_respect_the_budget() -> None:
