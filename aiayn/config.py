@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -59,6 +61,41 @@ _REGISTERED = {  # field -> kind in aiayn.registry
 
 def _fail(name: str, value: object, expected: str) -> ValueError:
     return ValueError(f"ModelConfig.{name}={value!r} is invalid: expected {expected}")
+
+
+def check_field_types(config: Any) -> None:
+    """Each field of the dataclass ``config`` holds a value of its annotated type (bool, int,
+    float, str, None and unions of them; other annotations are left to the class's own
+    checks).  A TOML file or a ``--set`` override can give any type: ``bias = "False"`` (a
+    string, which is truthy) or ``lr = "fast"``.  Raises ValueError naming the field, the
+    value and what was expected."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        ok, expected = _type_matches(value, hints.get(f.name))
+        if not ok:
+            raise ValueError(
+                f"{type(config).__name__}.{f.name}={value!r} is invalid: expected {expected}"
+            )
+
+
+def _type_matches(value: object, hint: Any) -> tuple[bool, str]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        results = [_type_matches(value, part) for part in typing.get_args(hint)]
+        return any(ok for ok, _ in results), " or ".join(e for _, e in results if e)
+    if hint is type(None):
+        return value is None, "None"
+    if hint is bool:
+        return isinstance(value, bool), "true or false"
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), "an integer"
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool), "a number"
+    if hint is str:
+        return isinstance(value, str), "a string"
+    if typing.get_origin(hint) is typing.Literal:  # the class's own check names the choices
+        return isinstance(value, str | int | bool | type(None)), "one of the choices"
+    return True, ""
 
 
 @dataclass(frozen=True)
@@ -162,6 +199,7 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             if value not in choices:

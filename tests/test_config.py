@@ -43,12 +43,18 @@ def test_preset_sizes_match_published_models() -> None:
         ({"attention_backend": "cuda"}, "attention_backend"),
         ({"arch": "rnn"}, "arch='rnn'"),
         ({"n_layers": 0}, "n_layers=0.*positive"),
-        ({"d_model": 512.0}, "d_model=512.0.*positive integer"),
+        ({"d_model": 512.0}, "d_model=512.0.*integer"),
         ({"dropout": 1.5}, r"dropout=1.5.*\[0, 1\)"),
         ({"pad_id": 40000}, "pad_id=40000"),
         ({"src_vocab_size": 100}, "tie_embeddings.*shared vocabulary"),
         ({"positional": "rope", "d_head": 7}, "d_head=7.*even"),
         ({"layers": 3}, r"unknown ModelConfig field\(s\) \['layers'\]"),
+        # TOML and --set give any type: the string "False" is truthy, and was taken as true.
+        ({"bias": "False"}, "ModelConfig.bias='False' is invalid: expected true or false"),
+        ({"tie_embeddings": 0}, "tie_embeddings=0 is invalid: expected true or false"),
+        ({"dropout": "high"}, "dropout='high' is invalid: expected a number"),
+        ({"norm_eps": "abc"}, "norm_eps='abc' is invalid: expected a number"),
+        ({"n_kv_heads": "2"}, "n_kv_heads='2' is invalid: expected an integer or None"),
     ],
 )
 def test_bad_configs_name_the_value(overrides: dict, match: str) -> None:

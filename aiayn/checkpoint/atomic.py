@@ -89,6 +89,17 @@ def verify_manifest(folder: Path) -> None:
         files = manifest["files"]
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"corrupt manifest {path}: {err}") from err
+    well_formed = isinstance(files, dict) and all(
+        isinstance(meta, dict)
+        and isinstance(meta.get("size"), int)
+        and isinstance(meta.get("sha256"), str)
+        for meta in files.values()
+    )
+    if not well_formed:
+        raise ValueError(
+            f"corrupt manifest {path}: expected {{\"files\": {{NAME: {{\"size\": BYTES,"
+            f' "sha256": HEX}}}}}}'
+        )
     for name, meta in files.items():
         f = folder / name
         if not f.is_file():

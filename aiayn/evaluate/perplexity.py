@@ -38,6 +38,8 @@ def evaluate_lm(
     seed: int = 0,
 ) -> float:
     """Mean validation loss (nats per token) over fixed random windows."""
+    if batches < 1:
+        raise ValueError(f"batches={batches}: evaluate at least 1 batch")
     g = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     was = model.training

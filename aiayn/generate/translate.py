@@ -50,6 +50,8 @@ def translate(
     truncate: bool = False,
 ) -> list[str]:
     """Translations of ``lines`` (beam search, or greedy when ``beam`` is None)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: translate at least 1 line per batch")
     limit = model.config.max_len
     bos, eos, pad_id, never = specials(tokenizer)
     appends_eos = isinstance(tokenizer, MarianTokenizer)

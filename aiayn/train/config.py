@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from aiayn.config import ModelConfig
+from aiayn.config import ModelConfig, check_field_types
 from aiayn.models import resolve_config
 
 
@@ -62,6 +62,7 @@ class TrainConfig:
     linear_kernel: Literal["auto", "mkl", "onednn"] = "auto"
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name in (
             "max_steps",
             "batch_size",
@@ -147,6 +148,25 @@ class DataConfig:
     test_fraction: float = 0.2  # ... held out from training: the test set
     seed: int = 0  # ... of its stratified train / validation / test split
 
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if self.tokenizer not in ("char", "bpe"):
+            raise ValueError(
+                f"DataConfig.tokenizer={self.tokenizer!r} is invalid: expected 'char' or 'bpe'"
+            )
+        for split in ("train", "valid"):  # own files come in pairs: a side alone is a mistake
+            source, target = getattr(self, f"{split}_source"), getattr(self, f"{split}_target")
+            if (source is None) != (target is None):
+                given, missing = (
+                    (f"{split}_source", f"{split}_target")
+                    if source is not None
+                    else (f"{split}_target", f"{split}_source")
+                )
+                raise ValueError(
+                    f"DataConfig.{given} is set but {missing} is not: give both files of the"
+                    " pair, or neither (Multi30k)"
+                )
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -163,6 +183,8 @@ class RunConfig:
 
 
 def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    if not isinstance(table, dict):
+        raise ValueError(f"[{where}] must be a table of settings, got {table!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - names)
     if unknown:
@@ -187,6 +209,8 @@ def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -
         if table not in ("model", "data", "train") or not name:
             raise ValueError(f"override {key!r} must look like model.NAME, data.NAME or train.NAME")
         raw.setdefault(table, {})[name] = value
+    if not isinstance(raw.get("model", {}), dict):
+        raise ValueError(f"[model] must be a table of settings, got {raw['model']!r}")
     model_table = dict(raw.get("model", {}))
     preset = model_table.pop("preset", None)
     model = resolve_config(preset if preset is not None else ModelConfig(), **model_table)

@@ -23,6 +23,7 @@ any number of processes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import resource
 import sys
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from aiayn.checkpoint.run_dir import RunDir, TrainState
 from aiayn.checkpoint.sharded import load_sharded
+from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
 from aiayn.models import TransformerModel
@@ -313,6 +315,28 @@ def fit(
     )
 
 
+# Set by each task from its data (the tokenizer's vocabulary, the images' size, the context
+# a block needs), not taken from [model] as written: a resumed run does not compare them.
+FROM_DATA = ("vocab_size", "src_vocab_size", "pad_id", "max_len", "image_size", "channels",
+             "n_classes")  # fmt: skip
+
+
+def _check_same_model(wanted: ModelConfig, saved: ModelConfig, root: Path) -> None:
+    """A resumed run continues the model in its checkpoint: a [model] that now asks for
+    another one (more layers, another width) is an error naming what differs, not silently
+    ignored.  [train] may change (more steps, another learning rate)."""
+    differ = [
+        f"{f.name}={getattr(wanted, f.name)!r} (the checkpoint has {getattr(saved, f.name)!r})"
+        for f in dataclasses.fields(wanted)
+        if f.name not in FROM_DATA and getattr(wanted, f.name) != getattr(saved, f.name)
+    ]
+    if differ:
+        raise ValueError(
+            f"--resume continues the model in {root}, but [model] asks for another:"
+            f" {', '.join(differ)}; start a new run (another --out, or --overwrite)"
+        )
+
+
 def train_run(
     run: RunConfig,
     out_dir: str | Path,
@@ -336,6 +360,7 @@ def train_run(
                 f"{rd.latest()} holds a {type(model).__name__}; this run trains a"
                 f" {model_type.__name__}"
             )
+        _check_same_model(run.model, model.config, rd.root)
     else:
         torch.manual_seed(run.train.seed)
         model, tokenizer = build()

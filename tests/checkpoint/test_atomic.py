@@ -23,6 +23,18 @@ def test_replace_keeps_one_complete_folder(tmp_path: Path) -> None:
     atomic.verify_manifest(target)
 
 
+@pytest.mark.parametrize(
+    "manifest", ['{"files": [1]}', '{"files": {"a.txt": {"bytes": 3}}}', '{"files": {"a.txt": 3}}']
+)
+def test_a_malformed_manifest_is_named_corrupt(tmp_path: Path, manifest: str) -> None:
+    # Valid JSON of the wrong shape raised KeyError / AttributeError from inside the check.
+    target = tmp_path / "m"
+    atomic.write_atomically(target, fill_with("one"))
+    (target / atomic.MANIFEST_FILE).write_text(manifest)
+    with pytest.raises(ValueError, match="corrupt manifest .*expected"):
+        atomic.verify_manifest(target)
+
+
 def test_without_exchange_a_kill_between_the_renames_is_undone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

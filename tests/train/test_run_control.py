@@ -9,7 +9,7 @@ import pytest
 
 from aiayn.checkpoint import RunDir
 from aiayn.cli import main
-from aiayn.train.config import TrainConfig, load_run_config
+from aiayn.train.config import DataConfig, TrainConfig, load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.policy import snapshot_steps
 
@@ -97,6 +97,17 @@ def test_resuming_a_finished_run_says_so_with_its_figures(
     assert f"validation loss {val}" in out and "nan" not in out
 
 
+def test_resuming_with_another_model_is_an_error_and_more_steps_are_not(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(root, "--set", "train.max_steps=3") == 0
+    # [model] changed: --resume used to go on silently with the checkpoint's model.
+    assert cli(root, "--resume", "--set", "train.max_steps=6", "model.n_layers=3") == 2
+    err = capsys.readouterr().err
+    assert "n_layers=3 (the checkpoint has 1)" in err and "--overwrite" in err
+    assert cli(root, "--resume", "--set", "train.max_steps=6") == 0  # [train] may change
+
+
 def test_final_figures_are_the_final_models(root: Path) -> None:
     run = load_run_config(root / "run.toml")
     result = train_lm(run, root / "run", root, progress=False)
@@ -132,6 +143,29 @@ def test_bad_train_settings_are_named() -> None:
         TrainConfig(snapshot_fraction=0)
     with pytest.raises(ValueError, match="max_minutes=-1"):
         TrainConfig(max_minutes=-1)
+    # Wrong types are named, not a TypeError from a comparison (or, for weight_decay, from
+    # inside the optimizer after training had started).
+    for field, value, expected in [("lr", "fast", "a number"), ("weight_decay", "abc", "a number"),
+                                   ("keep_snapshots", "abc", "an integer"),
+                                   ("compile", "yes", "true or false")]:  # fmt: skip
+        with pytest.raises(
+            ValueError, match=f"TrainConfig.{field}='{value}' is invalid: expected {expected}"
+        ):
+            TrainConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_data_settings_and_tables_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="DataConfig.tokenizer='word' is invalid"):
+        DataConfig(tokenizer="word")  # type: ignore[arg-type]
+    # One side of a pair of own files alone trained on Multi30k without a word.
+    with pytest.raises(ValueError, match="train_source is set but train_target is not"):
+        DataConfig(train_source="small/train.de")
+    with pytest.raises(ValueError, match="valid_target is set but valid_source is not"):
+        DataConfig(valid_target="small/valid.en")
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("train = 5\n")
+    with pytest.raises(ValueError, match=r"\[train\] must be a table of settings, got 5"):
+        load_run_config(cfg)
 
 
 def test_a_resumed_run_keeps_the_kernels_its_start_chose(
