@@ -12,7 +12,7 @@ import torch
 
 from aiayn.checkpoint import load_bundle
 from aiayn.config import presets
-from aiayn.data.files import data_dir, split_lines
+from aiayn.data.files import data_dir, read_text, split_lines
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
@@ -190,7 +190,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from aiayn.generate.encoder import sentence_embeddings
 
     model, tokenizer = _load_encoder(args.checkpoint, _device(args))
-    source = Path(args.file).read_text(encoding="utf-8") if args.file else sys.stdin.read()
+    source = read_text(args.file) if args.file else sys.stdin.read()
     lines = split_lines(source)
     vectors = sentence_embeddings(
         model, tokenizer, lines, batch_size=args.batch_size, truncate=args.truncate
@@ -467,7 +467,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from aiayn.generate.translate import translate
 
     model, tokenizer = _load_translator(args.checkpoint, _device(args))
-    text_in = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
+    text_in = read_text(args.input) if args.input else sys.stdin.read()
     lines = split_lines(text_in)
     out = translate(
         model,
@@ -642,7 +642,9 @@ def _evaluate_translation(
         raise ValueError("a translation checkpoint needs a BPE or Marian tokenizer")
     src_lang, tgt_lang = str(data.get("source_lang", "de")), str(data.get("target_lang", "en"))
     pairs = multi30k(data_dir(args.data) / "multi30k", args.split, src_lang, tgt_lang)
-    if args.limit:
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"--limit {args.limit}: score at least 1 sentence")
         pairs = pairs[: args.limit]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     t0 = time.perf_counter()

@@ -97,7 +97,7 @@ def verify_manifest(folder: Path) -> None:
     )
     if not well_formed:
         raise ValueError(
-            f"corrupt manifest {path}: expected {{\"files\": {{NAME: {{\"size\": BYTES,"
+            f'corrupt manifest {path}: expected {{"files": {{NAME: {{"size": BYTES,'
             f' "sha256": HEX}}}}}}'
         )
     for name, meta in files.items():

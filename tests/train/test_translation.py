@@ -137,6 +137,12 @@ def test_train_resume_average_translate(
     src.write_text("hund " * 200 + "\n")
     assert main(["translate", "--checkpoint", ckpt, "--input", str(src)]) == 2
     assert "line 1 has" in capsys.readouterr().err
+    src.write_bytes(b"ein hund\n\xff\xfe\n")  # the file and line named, not a bare codec error
+    assert main(["translate", "--checkpoint", ckpt, "--input", str(src)]) == 2
+    assert f"{src}, line 2: not valid UTF-8" in capsys.readouterr().err
+    limit0 = ["evaluate", "--checkpoint", ckpt, "--data", str(data), "--limit", "0"]
+    assert main(limit0) == 2  # it scored every sentence
+    assert "--limit 0: score at least 1 sentence" in capsys.readouterr().err
 
 
 def test_two_torchrun_processes_match_one_process(
