@@ -35,6 +35,16 @@ class TokenStream:
     def from_file(cls, path: str | Path, tokenizer: Tokenizer, **kw: float | int) -> TokenStream:
         return cls.from_text(read_text(path), tokenizer, **kw)
 
+    def require(self, block: int) -> None:
+        """Raise ValueError unless both splits hold a window of ``block`` + 1 tokens: checked
+        when a run starts, not at its first evaluation ``eval_interval`` steps later."""
+        for split, data in self.splits.items():
+            if len(data) <= block + 1:
+                raise ValueError(
+                    f"the {split} split has {len(data)} tokens; block={block} needs at least"
+                    f" {block + 2} (a longer text, a smaller block, or another train_fraction)"
+                )
+
     def batch(
         self, split: str, batch_size: int, block: int, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor]:

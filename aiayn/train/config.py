@@ -198,7 +198,9 @@ def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -
     if not p.is_file():
         raise ValueError(f"config file {p} does not exist")
     try:
-        raw = tomllib.loads(p.read_text())
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"config file {p} is not UTF-8 text: {err.reason}") from None
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"config file {p} is not valid TOML: {err}") from err
     unknown = sorted(set(raw) - {"model", "data", "train"})

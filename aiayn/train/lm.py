@@ -95,6 +95,7 @@ def train_lm(
         stream = TokenStream.from_text(
             text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
         )
+        stream.require(tc.block_size)
         return LMTask(
             stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches
         )

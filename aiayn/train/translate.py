@@ -146,12 +146,17 @@ def train_translation(
         if not isinstance(tokenizer, BPETokenizer):
             raise ValueError("a translation checkpoint needs a BPE tokenizer")
         train, valid = encode_pairs(train_pairs, tokenizer), encode_pairs(valid_pairs, tokenizer)
+        limit = model.config.max_len
+        for split, pairs in (("training", train), ("validation", valid)):
+            for number, (s, t) in enumerate(pairs, 1):
+                if max(len(s), len(t)) > limit:
+                    side, n = ("source", len(s)) if len(s) > limit else ("target", len(t))
+                    raise ValueError(
+                        f"{split} pair {number} (counting non-empty lines) has a {side} sentence"
+                        f" of {n} tokens, more than the model's max_len={limit}: raise"
+                        " model.max_len, or drop such pairs"
+                    )
         longest = max(max(len(s), len(t)) for s, t in train + valid)
-        if longest > model.config.max_len:
-            raise ValueError(
-                f"a sentence has {longest} tokens, more than the model's"
-                f" max_len={model.config.max_len}"
-            )
         return TranslationTask(
             train,
             valid,

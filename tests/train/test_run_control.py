@@ -108,6 +108,19 @@ def test_resuming_with_another_model_is_an_error_and_more_steps_are_not(
     assert cli(root, "--resume", "--set", "train.max_steps=6") == 0  # [train] may change
 
 
+def test_a_validation_split_too_small_is_refused_before_training(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It used to fail only at the first evaluation, eval_interval steps in, with no checkpoint
+    # left, so that the rerun needed --overwrite.
+    assert cli(root, "--set", "data.train_fraction=0.99") == 2
+    assert "the val split has" in capsys.readouterr().err
+    assert cli(root) == 0  # the folder holds no run: a plain start is fine
+    (root / "bad.toml").write_bytes(TOML.encode().replace(b"corpus", b"c\xffrpus"))
+    assert main(["train", str(root / "bad.toml"), "--out", str(root / "r2")]) == 2
+    assert f"config file {root / 'bad.toml'} is not UTF-8 text" in capsys.readouterr().err
+
+
 def test_final_figures_are_the_final_models(root: Path) -> None:
     run = load_run_config(root / "run.toml")
     result = train_lm(run, root / "run", root, progress=False)

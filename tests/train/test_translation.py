@@ -70,6 +70,14 @@ def corpus(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "data", tmp_path / "run.toml"
 
 
+def test_an_over_long_training_sentence_is_named(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    data, cfg = corpus
+    run = load_run_config(cfg, {"model.max_len": 4})
+    with pytest.raises(ValueError, match=r"training pair 1 \(counting non-empty lines\) has a"
+                       r" (source|target) sentence of \d+ tokens, more than the model's max_len=4"):  # fmt: skip
+        train_translation(run, tmp_path / "run", data, progress=False)
+
+
 def test_train_resume_average_translate(
     corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
