@@ -671,6 +671,12 @@ def _add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
 
 
+def _add_set(p: argparse.ArgumentParser, metavar: str, help_: str) -> None:
+    """``--set A=1 B=2``, repeatable: every occurrence counts (argparse's default keeps only
+    the last)."""
+    p.add_argument("--set", nargs="*", action="extend", default=[], metavar=metavar, help=help_)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiayn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -680,14 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="summarise a preset (with overrides)")
     p.add_argument("preset", help=f"one of: {', '.join(presets())}")
-    p.add_argument(
-        "--set",
-        nargs="*",
-        action="extend",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="config overrides",
-    )
+    _add_set(p, "FIELD=VALUE", "config overrides")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("calc", help="parameters, FLOPs and memory of a config, without building it")
@@ -695,14 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model",
         help=f"a preset ({', '.join(presets())}), a config JSON file or a saved model folder",
     )
-    p.add_argument(
-        "--set",
-        nargs="*",
-        action="extend",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="config overrides",
-    )
+    _add_set(p, "FIELD=VALUE", "config overrides")
     p.add_argument(
         "--context", type=int, default=None, help="tokens per sequence (default: max_len)"
     )
@@ -721,14 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", default=str(DEMO_CONFIG))
     p.add_argument("--out", default="runs/demo")
-    p.add_argument(
-        "--set",
-        nargs="*",
-        action="extend",
-        default=[],
-        metavar="TABLE.FIELD=VALUE",
-        help="config overrides",
-    )
+    _add_set(p, "TABLE.FIELD=VALUE", "config overrides")
     p.add_argument("--sentences", type=int, default=200, help="test sentences to score")
     _add_device(p)
     p.set_defaults(func=cmd_demo)
@@ -743,14 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite", action="store_true", help="replace the run already in OUT (if any)"
     )
-    p.add_argument(
-        "--set",
-        nargs="*",
-        action="extend",
-        default=[],
-        metavar="TABLE.FIELD=VALUE",
-        help="e.g. train.max_steps=100",
-    )
+    _add_set(p, "TABLE.FIELD=VALUE", "e.g. train.max_steps=100")
     _add_device(p)
     p.set_defaults(func=cmd_train)
 
@@ -814,14 +792,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--layer", type=int, default=None, help="one layer, from 0 (default: all)")
     q.add_argument("--head", type=int, default=None, help="one head of --layer, from 0")
     q.add_argument("--out", default="figures", help="folder for the PNGs (default: figures/)")
-    q.add_argument(
-        "--set",
-        nargs="*",
-        action="extend",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="preset overrides",
-    )
+    _add_set(q, "FIELD=VALUE", "preset overrides")
     q.set_defaults(func=cmd_inspect_attention)
     q = inspect.add_parser("positions", help="sinusoidal encodings and RoPE's relative scores")
     q.add_argument("--max-len", type=int, default=128, help="positions to draw")

@@ -79,6 +79,15 @@ def check_field_types(config: Any) -> None:
             )
 
 
+def differing_fields(a: Any, b: Any, skip: tuple[str, ...] = ()) -> list[str]:
+    """The fields (outside ``skip``) in which two dataclasses of one type differ."""
+    return [
+        f.name
+        for f in dataclasses.fields(a)
+        if f.name not in skip and getattr(a, f.name) != getattr(b, f.name)
+    ]
+
+
 def _type_matches(value: object, hint: Any) -> tuple[bool, str]:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         results = [_type_matches(value, part) for part in typing.get_args(hint)]
@@ -212,14 +221,12 @@ class ModelConfig:
                      "ssm_state", "ssm_expand", "ssm_conv", "ssm_head_dim", "patch_size",
                      "channels"):  # fmt: skip
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value < 1:  # an int: check_field_types has seen to the type
                 raise _fail(name, value, "a positive integer")
         optional = ("src_vocab_size", "n_decoder_layers", "n_kv_heads", "d_head")
         for name in (*optional, "sliding_window", "n_experts"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
+            if value is not None and value < 1:
                 raise _fail(name, value, "a positive integer or None")
         if self.d_head is None and self.d_model % self.n_heads:
             raise _fail(
@@ -255,11 +262,7 @@ class ModelConfig:
         if self.attention_every is not None:
             if self.mixer == "attention":
                 raise _fail("attention_every", self.attention_every, "None with mixer='attention'")
-            if (
-                isinstance(self.attention_every, bool)
-                or not isinstance(self.attention_every, int)
-                or self.attention_every < 1
-            ):
+            if self.attention_every < 1:
                 raise _fail("attention_every", self.attention_every, "a positive integer or None")
         if self.image_size is not None:
             if self.arch != "encoder":
@@ -290,11 +293,6 @@ class ModelConfig:
             raise _fail("rnn", self.rnn, f"None for arch={self.arch!r} (RNN baselines translate)")
         if self.rnn is not None and self.d_model % 2:
             raise _fail("d_model", self.d_model, "an even width for a bidirectional RNN encoder")
-        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
-            raise _fail("qkv_bias", self.qkv_bias, "true, false or None (as bias)")
-        for name in ("attention_scale", "residual", "rnn_attention"):
-            if not isinstance(getattr(self, name), bool):
-                raise _fail(name, getattr(self, name), "true or false")
         if self.sliding_window is not None and self.arch == "encoder":
             raise _fail(
                 "sliding_window", self.sliding_window, "None for arch='encoder' (it is causal)"

@@ -38,20 +38,23 @@ class TokenStream:
     def require(self, block: int) -> None:
         """Raise ValueError unless both splits hold a window of ``block`` + 1 tokens: checked
         when a run starts, not at its first evaluation ``eval_interval`` steps later."""
-        for split, data in self.splits.items():
-            if len(data) <= block + 1:
-                raise ValueError(
-                    f"the {split} split has {len(data)} tokens; block={block} needs at least"
-                    f" {block + 2} (a longer text, a smaller block, or another train_fraction)"
-                )
+        for split in self.splits:
+            self._check(split, block)
+
+    def _check(self, split: str, block: int) -> None:
+        n = len(self.splits[split])
+        if n <= block + 1:
+            raise ValueError(
+                f"the {split} split has {n} tokens; block={block} needs at least {block + 2}"
+                " (a longer text, a smaller block, or another train_fraction)"
+            )
 
     def batch(
         self, split: str, batch_size: int, block: int, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor]:
         """(B, T) inputs and (B, T) next-token targets from random offsets in ``split``."""
+        self._check(split, block)
         data = self.splits[split]
-        if len(data) <= block + 1:
-            raise ValueError(f"the {split} split has {len(data)} tokens; block={block} needs more")
         g = self.generator if generator is None else generator
         starts = torch.randint(len(data) - block - 1, (batch_size,), generator=g)  # (B,)
         offsets = starts[:, None] + torch.arange(block + 1)  # (B, T+1)

@@ -169,15 +169,13 @@ def create_app(
     row of the pool holds that many positions (default: the model's max_len, at most 4,096)."""
     engine: Engine | None = None
     translator: _Translator | None = None
-    for key, value, least in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0),
-                              ("prefill_chunk", prefill_chunk, 1),
-                              ("max_prompt_tokens", max_prompt_tokens, 1),
-                              ("max_new_tokens", max_new_tokens, 1)):  # fmt: skip
+    unset = " (or unset: the context)"
+    for key, value, least, note in (("max_batch", max_batch, 1, ""), ("max_queue", max_queue, 0, ""),
+                                    ("prefill_chunk", prefill_chunk, 1, ""),
+                                    ("max_prompt_tokens", max_prompt_tokens, 1, unset),
+                                    ("max_new_tokens", max_new_tokens, 1, unset)):  # fmt: skip
         if value is not None and value < least:
-            unset = (
-                " (or unset: the context)" if key.startswith("max_") and "_tokens" in key else ""
-            )
-            raise ValueError(f"{key}={value}: expected at least {least}{unset}")
+            raise ValueError(f"{key}={value}: expected at least {least}{note}")
     max_len = min(model.config.max_len, context or 4096)
     if context is not None and not 2 <= context <= model.config.max_len:
         raise ValueError(

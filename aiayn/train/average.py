@@ -6,13 +6,13 @@ last.  Averaging smooths the noise of the final steps of training, for a small, 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 
 import torch
 
 from aiayn.checkpoint.model import load
+from aiayn.config import differing_fields
 from aiayn.models import TransformerModel
 
 
@@ -25,9 +25,8 @@ def average_checkpoints(directories: Sequence[str | os.PathLike[str]]) -> Transf
     for d, m in zip(directories[1:], models[1:], strict=True):
         if m.config != first.config:
             differ = ", ".join(
-                f"{f.name} {getattr(m.config, f.name)!r} against {getattr(first.config, f.name)!r}"
-                for f in dataclasses.fields(m.config)
-                if getattr(m.config, f.name) != getattr(first.config, f.name)
+                f"{name} {getattr(m.config, name)!r} against {getattr(first.config, name)!r}"
+                for name in differing_fields(m.config, first.config)
             )
             raise ValueError(f"cannot average {d} with {directories[0]}: {differ}")
     params = [dict(m.named_parameters()) for m in models]

@@ -73,7 +73,7 @@ class TrainConfig:
             "checkpoint_interval",
         ):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if v < 1:  # an int: check_field_types has seen to the type
                 raise ValueError(
                     f"TrainConfig.{name}={v!r} is invalid: expected a positive integer"
                 )
@@ -158,10 +158,9 @@ class DataConfig:
             source, target = getattr(self, f"{split}_source"), getattr(self, f"{split}_target")
             if (source is None) != (target is None):
                 given, missing = (
-                    (f"{split}_source", f"{split}_target")
-                    if source is not None
-                    else (f"{split}_target", f"{split}_source")
+                    ("source", "target") if source is not None else ("target", "source")
                 )
+                given, missing = f"{split}_{given}", f"{split}_{missing}"
                 raise ValueError(
                     f"DataConfig.{given} is set but {missing} is not: give both files of the"
                     " pair, or neither (Multi30k)"

@@ -23,7 +23,6 @@ any number of processes.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import resource
 import sys
@@ -38,7 +37,7 @@ import torch.distributed as dist
 
 from aiayn.checkpoint.run_dir import RunDir, TrainState
 from aiayn.checkpoint.sharded import load_sharded
-from aiayn.config import ModelConfig
+from aiayn.config import ModelConfig, differing_fields
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
 from aiayn.models import TransformerModel
@@ -326,9 +325,8 @@ def _check_same_model(wanted: ModelConfig, saved: ModelConfig, root: Path) -> No
     another one (more layers, another width) is an error naming what differs, not silently
     ignored.  [train] may change (more steps, another learning rate)."""
     differ = [
-        f"{f.name}={getattr(wanted, f.name)!r} (the checkpoint has {getattr(saved, f.name)!r})"
-        for f in dataclasses.fields(wanted)
-        if f.name not in FROM_DATA and getattr(wanted, f.name) != getattr(saved, f.name)
+        f"{name}={getattr(wanted, name)!r} (the checkpoint has {getattr(saved, name)!r})"
+        for name in differing_fields(wanted, saved, skip=FROM_DATA)
     ]
     if differ:
         raise ValueError(
