@@ -198,7 +198,7 @@ def main() -> int:
     ap.add_argument("--no-quality", action="store_true", help="skip the 2,000-step training run")
     ap.add_argument("--no-train", action="store_true", help="skip the training-speed table")
     ap.add_argument("--no-generate", action="store_true", help="skip the generation table")
-    ap.add_argument("--json", default=None, help="default benchmarks/results/lm_DTYPE.json")
+    ap.add_argument("--json", default=None, help="default benchmarks/results/lm_DTYPE[_PARTS].json")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.repeat, args.new_tokens = 1, 2, 32
@@ -270,7 +270,10 @@ def main() -> int:
                 }
     results["rates_after"] = host_rates()
     print(f"\nafter: {rates_line(results['rates_after'])}")
-    out = Path(args.json or f"benchmarks/results/lm_{args.dtype}.json")
+    # A partial run names its parts, so that it does not replace a full run's results.
+    parts = [p for p in ("quality", "train", "generate") if not getattr(args, f"no_{p}")]
+    suffix = "" if len(parts) == 3 else "_" + "_".join(parts)
+    out = Path(args.json or f"benchmarks/results/lm_{args.dtype}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

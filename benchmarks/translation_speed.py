@@ -290,7 +290,9 @@ def main() -> int:
     results["beam_sentences_per_s"] = beams
     results["rates_after"] = host_rates()
     print(f"\nafter: {rates_line(results['rates_after'])}")
-    out = Path(args.json or f"benchmarks/results/translation_speed_{args.dtype}.json")
+    # A partial run names itself, so that it does not replace a full run's results.
+    suffix = "_beam" if args.no_train else ""
+    out = Path(args.json or f"benchmarks/results/translation_speed_{args.dtype}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 import aiayn.nn.linear as linear_module
 from aiayn.nn.linear import (
@@ -116,6 +118,8 @@ def test_one_row_in_a_decoding_block_uses_views_made_once_and_equals_f_linear(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(linear_module, "_decode_seconds", lambda *a: (2.0, 1.0))  # gemv faster
+    monkeypatch.setattr(linear_module, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(linear_module, "_gemv_seconds", lambda layers: (2.0, 1.0))
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(48, 40), Linear(40, 24, bias=False))
     x = torch.randn(1, 1, 48)
@@ -173,8 +177,6 @@ def test_a_decoding_block_packs_per_shape_and_takes_gemv_for_all_layers_or_none(
     seconds = {
         ("packed", 32, 64): (2.0, 1.0),  # (F.linear, the kernel)
         ("packed", 64, 16): (1.0, 2.0),
-        ("gemv", 32, 64): (2.0, 1.0),
-        ("gemv", 64, 16): (1.0, 1.5),
     }
     calls: list[tuple[str, int, int, int]] = []
 
@@ -182,20 +184,33 @@ def test_a_decoding_block_packs_per_shape_and_takes_gemv_for_all_layers_or_none(
         calls.append((kernel, rows, d_in, d_out))
         return seconds[kernel, d_in, d_out]
 
+    passes: list[list[tuple[int, int]]] = []
+    whole = {"seconds": (3.0, 2.5)}  # a one-row pass: (F.linear, gemv)
+
+    def pass_probe(layers: list[Linear]) -> tuple[float, float]:
+        passes.append([(m.in_features, m.out_features) for m in layers])
+        return whole["seconds"]
+
     monkeypatch.setattr(linear_module, "_decode_seconds", probe)
+    monkeypatch.setattr(linear_module, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(linear_module, "_gemv_seconds", pass_probe)
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(32, 64), Linear(64, 16))
     with torch.no_grad(), packed_for_rows(model, 8):
         assert model[0].packed is not None and model[1].packed is None
-        assert ("packed", 8, 32, 64) in calls and ("gemv", 1, 64, 16) in calls
+        assert ("packed", 8, 32, 64) in calls
+        assert passes == [[(32, 64), (64, 16)]]  # the whole model's pass, in order
         assert linear_module.on_gemv(model)  # 2.5 s through gemv against 3 s: all on gemv
         for rows in (8, 1):
             x = torch.randn(rows, 32)
             expected = F.linear(F.linear(x, *model[0].parameters()), *model[1].parameters())
             torch.testing.assert_close(model(x), expected)
     assert all(m.packed is None and m.row_view is None for m in model)
-    seconds["gemv", 64, 16] = (1.0, 2.5)  # now 3.5 s against 3 s: F.linear for every layer
     with torch.no_grad(), packed_for_rows(model, 1):
+        assert len(passes) == 1  # measured once per list of shapes and process
+    whole["seconds"] = (3.0, 3.5)
+    monkeypatch.setattr(linear_module, "_GEMV_SECONDS", {})
+    with torch.no_grad(), packed_for_rows(model, 1):  # 3.5 s against 3 s: F.linear for all
         assert all(m.row_view is None and m.packed is None for m in model)
         assert not linear_module.on_gemv(model)
 
@@ -204,6 +219,8 @@ def test_one_row_outside_a_block_skips_gemv_where_f_linear_measures_faster(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(linear_module, "_decode_seconds", lambda *a: (1.0, 2.0))  # F.linear faster
+    monkeypatch.setattr(linear_module, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(linear_module, "_gemv_seconds", lambda layers: (1.0, 2.0))
 
     def no_gemv(*args: object) -> None:
         raise AssertionError("gemv taken where the probe found F.linear faster")
@@ -221,10 +238,13 @@ def test_one_row_outside_a_block_skips_gemv_where_f_linear_measures_faster(
 def test_a_block_that_rejects_gemv_for_the_model_keeps_every_one_row_product_off_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """gemv wins for one shape but loses in all: inside the block no layer may take it, not
-    even through the one-row path outside blocks (its thread pool would spin beside torch's)."""
-    seconds = {(32, 64): (2.0, 1.0), (64, 16): (1.0, 2.5)}  # (F.linear, gemv): 3 s against 3.5
+    """gemv wins for one shape alone but loses over the model's pass: inside the block no
+    layer may take it, not even through the one-row path outside blocks (its thread pool would
+    spin beside torch's)."""
+    seconds = {(32, 64): (2.0, 1.0), (64, 16): (1.0, 2.5)}  # (F.linear, gemv), shapes alone
     monkeypatch.setattr(linear_module, "_decode_seconds", lambda k, r, i, o: seconds[i, o])
+    monkeypatch.setattr(linear_module, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(linear_module, "_gemv_seconds", lambda layers: (3.0, 3.5))
 
     def no_gemv(*args: object) -> None:
         raise AssertionError("gemv taken inside a block that rejected it for the model")
@@ -235,3 +255,32 @@ def test_a_block_that_rejects_gemv_for_the_model_keeps_every_one_row_product_off
         monkeypatch.setattr(linear_module, "_gemv", no_gemv)
         expected = F.linear(F.linear(x, *model[0].parameters()), *model[1].parameters())
         torch.testing.assert_close(model(x), expected)
+
+
+def test_the_gemv_probe_times_one_row_passes_through_the_models_own_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each pass multiplies one row by every layer's weight once, in order, by each kernel;
+    the passes alternate, and the answer is the median of each kernel's passes."""
+    model = torch.nn.Sequential(Linear(32, 64), Linear(64, 16, bias=False))
+    gemv_calls: list[np.ndarray] = []
+    linear_calls: list[Tensor] = []
+    real_gemv, real_linear = linear_module._gemv, linear_module.F.linear
+
+    def gemv(x: Tensor, w_t: np.ndarray, b: np.ndarray | None) -> Tensor:
+        gemv_calls.append(w_t)
+        return real_gemv(x, w_t, b)
+
+    def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        linear_calls.append(w)
+        return real_linear(x, w, b)
+
+    monkeypatch.setattr(linear_module, "_gemv", gemv)
+    monkeypatch.setattr(linear_module.F, "linear", linear)
+    baseline, by_gemv = linear_module._gemv_seconds(list(model), budget_s=0.0)
+    assert 0 < baseline < 1 and 0 < by_gemv < 1
+    passes = 1 + 3  # the warm-up, then the fewest rounds
+    assert len(gemv_calls) == len(linear_calls) == 2 * passes
+    for i, m in enumerate(model):  # the layers' own weights, not copies
+        assert all(w is m.weight for w in linear_calls[i::2])
+        assert all(np.shares_memory(w, m.weight.detach().numpy()) for w in gemv_calls[i::2])
