@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.data.files import read_lines
@@ -39,6 +39,7 @@ MULTI30K_SHA256 = {  # as published in data/task1/raw/ of github.com/multi30k/da
 class Pair:
     source: str
     target: str
+    line: int = field(default=0, compare=False)  # its line in the files (1-based; 0: unknown)
 
 
 def read_parallel(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> list[Pair]:
@@ -53,7 +54,11 @@ def read_parallel(source: str | os.PathLike[str], target: str | os.PathLike[str]
         if bool(s.strip()) != bool(t.strip()):
             side = source if not s.strip() else target
             raise ValueError(f"line {number} is empty in {side} but not in its pair")
-    return [Pair(s, t) for s, t in zip(src, tgt, strict=True) if s.strip()]
+    return [
+        Pair(s, t, number)
+        for number, (s, t) in enumerate(zip(src, tgt, strict=True), 1)
+        if s.strip()
+    ]
 
 
 def sha256(path: Path) -> str:

@@ -328,6 +328,10 @@ def _check_same_model(wanted: ModelConfig, saved: ModelConfig, root: Path) -> No
         f"{name}={getattr(wanted, name)!r} (the checkpoint has {getattr(saved, name)!r})"
         for name in differing_fields(wanted, saved, skip=FROM_DATA)
     ]
+    # max_len is set from the data too (a language model's grows to its block), so only a
+    # [model] asking for more positions than the checkpoint has is another model.
+    if wanted.max_len > saved.max_len:
+        differ.append(f"max_len={wanted.max_len} (the checkpoint has {saved.max_len})")
     if differ:
         raise ValueError(
             f"--resume continues the model in {root}, but [model] asks for another:"

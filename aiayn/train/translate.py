@@ -147,13 +147,16 @@ def train_translation(
             raise ValueError("a translation checkpoint needs a BPE tokenizer")
         train, valid = encode_pairs(train_pairs, tokenizer), encode_pairs(valid_pairs, tokenizer)
         limit = model.config.max_len
-        for split, pairs in (("training", train), ("validation", valid)):
-            for number, (s, t) in enumerate(pairs, 1):
+        for split, pairs, texts in (
+            ("training", train, train_pairs),
+            ("validation", valid, valid_pairs),
+        ):
+            for (s, t), text in zip(pairs, texts, strict=True):
                 if max(len(s), len(t)) > limit:
                     side, n = ("source", len(s)) if len(s) > limit else ("target", len(t))
                     raise ValueError(
-                        f"{split} pair {number} (counting non-empty lines) has a {side} sentence"
-                        f" of {n} tokens, more than the model's max_len={limit}: raise"
+                        f"the {split} pair at line {text.line} has a {side} sentence of {n}"
+                        f" tokens, more than the model's max_len={limit}: raise"
                         " model.max_len, or drop such pairs"
                     )
         longest = max(max(len(s), len(t)) for s, t in train + valid)

@@ -85,11 +85,13 @@ def test_eight_concurrent_greedy_requests_equal_offline_generate(max_batch: int)
 
 def test_sampling_with_a_seed_equals_offline_generate_whatever_the_batch() -> None:
     m = lm()
-    engine = Engine(m, decode, max_batch=4).start()
+    engine = Engine(m, decode, max_batch=5).start()
     got = Collector()
-    ps = prompts(4, seed=2)
+    ps = prompts(5, seed=2)
+    # Greedy rows share one argmax, except one with a repetition penalty: it needs its own.
     settings = [SamplingConfig(temperature=0.9, top_k=5), SamplingConfig(top_p=0.8),
-                SamplingConfig(temperature=1.2, repetition_penalty=1.3), GREEDY]  # fmt: skip
+                SamplingConfig(temperature=1.2, repetition_penalty=1.3), GREEDY,
+                SamplingConfig(temperature=0, repetition_penalty=3.0)]  # fmt: skip
     requests = [Request(p, 10, s, seed=7 + i, emit=got.sink(i))
                 for i, (p, s) in enumerate(zip(ps, settings, strict=True))]  # fmt: skip
     for r in requests:

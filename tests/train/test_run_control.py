@@ -105,6 +105,9 @@ def test_resuming_with_another_model_is_an_error_and_more_steps_are_not(
     assert cli(root, "--resume", "--set", "train.max_steps=6", "model.n_layers=3") == 2
     err = capsys.readouterr().err
     assert "n_layers=3 (the checkpoint has 1)" in err and "--overwrite" in err
+    # More positions: resuming used to go on with the checkpoint's 16 without a word.
+    assert cli(root, "--resume", "--set", "train.max_steps=6", "model.max_len=64") == 2
+    assert "max_len=64 (the checkpoint has 16)" in capsys.readouterr().err
     assert cli(root, "--resume", "--set", "train.max_steps=6") == 0  # [train] may change
 
 

@@ -73,9 +73,15 @@ def corpus(tmp_path: Path) -> tuple[Path, Path]:
 def test_an_over_long_training_sentence_is_named(corpus: tuple[Path, Path], tmp_path: Path) -> None:
     data, cfg = corpus
     run = load_run_config(cfg, {"model.max_len": 4})
-    with pytest.raises(ValueError, match=r"training pair 1 \(counting non-empty lines\) has a"
+    with pytest.raises(ValueError, match=r"the training pair at line 1 has a"
                        r" (source|target) sentence of \d+ tokens, more than the model's max_len=4"):  # fmt: skip
         train_translation(run, tmp_path / "run", data, progress=False)
+    # Own files: the error names the line in the files, empty lines counted.
+    (data / "own.de").write_text("\n\nein hund\n\n" + "ein hund läuft " * 40 + "\n")
+    (data / "own.en").write_text("\n\na dog\n\na dog\n")
+    own = {"data.train_source": "own.de", "data.train_target": "own.en"}
+    with pytest.raises(ValueError, match=r"the training pair at line 5 has a source sentence"):
+        train_translation(load_run_config(cfg, own), tmp_path / "run2", data, progress=False)
 
 
 def test_train_resume_average_translate(
