@@ -34,8 +34,8 @@ aiayn's one-row generation ran at HF's speed, whose ``F.linear`` goes to MKL.  S
 :func:`packed_for_rows` measures them against ``F.linear`` on the running host, once per
 weight shape and process (:func:`decode_speedup`): a layer gets a packed weight where packing
 is faster for its shape; gemv goes to every layer or to none, by the time of a one-row pass
-through the model's own weights (:func:`_gemv_seconds`; gemv runs on BLAS's own threads, which must not share the cores with
-torch's: see :func:`on_gemv`).
+through the model's own weights (:func:`_gemv_seconds`; gemv runs on BLAS's own threads,
+which must not share the cores with torch's: see :func:`on_gemv`).
 
 Shapes: N rows (all leading dimensions flattened), I in features, O out features.
 """
