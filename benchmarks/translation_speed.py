@@ -214,7 +214,9 @@ def main() -> int:
     ap.add_argument("--no-train", action="store_true", help="skip the training table")
     ap.add_argument("--data", default=None)
     ap.add_argument(
-        "--json", default=None, help="default benchmarks/results/translation_speed_DTYPE.json"
+        "--json",
+        default=None,
+        help="default benchmarks/results/translation_speed_DTYPE[_beam].json",
     )
     args = ap.parse_args()
     if args.quick:
