@@ -200,6 +200,38 @@ def measure(case: dict[str, Any]) -> dict[str, float]:
     return measure_train(case) if case["what"] == "train" else measure_beam(case)
 
 
+def training_table(
+    args: argparse.Namespace, rates: dict[str, float], common: dict[str, Any]
+) -> dict[str, Any]:
+    """The training-step table: every implementation interleaved, printed and returned."""
+    train_cases = [
+        {"name": impl, "what": "train", "impl": impl, "repeat": args.repeat, **common}
+        for impl in [*BUILD, *(VARIANTS if args.dtype == "float32" else {})]
+    ]
+    got = interleaved(__file__, train_cases, args.rounds)
+    flops = training_flops_per_token(ours().config, LEN) * PAIRS * LEN
+    mm = rates["mm_bf16_gflops" if args.dtype == "bfloat16" else "best_fp32_gflops"] * 1e9
+    print(
+        f"{'training step':<24}{'ms/step':>22}{'src+tgt tok/s':>15}{'MFU':>7}{'aiayn faster':>14}"
+    )
+    rows: dict[str, Any] = {}
+    for impl, runs in got.items():
+        if runs:
+            rows[impl] = spread([r["s"] * 1e3 for r in runs])
+    for impl, ms in rows.items():
+        sec = ms["median"] / 1e3
+        ratio = ms["median"] / rows["aiayn"]["median"] if "aiayn" in rows else math.nan
+        rows[impl] |= {
+            "tokens_per_s": 2 * PAIRS * LEN / sec,
+            "mfu": flops / sec / mm,
+            "aiayn_faster": ratio,
+        }
+        print(
+            f"{impl:<24}{cell(ms):>22}{2 * PAIRS * LEN / sec:>15,.0f}{flops / sec / mm:>7.1%}{ratio:>13.2f}x"
+        )
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -228,32 +260,7 @@ def main() -> int:
     results: dict[str, Any] = {"args": vars(args), "rates_before": rates}
 
     if not args.no_train:
-        train_cases = [
-            {"name": impl, "what": "train", "impl": impl, "repeat": args.repeat, **common}
-            for impl in [*BUILD, *(VARIANTS if args.dtype == "float32" else {})]
-        ]
-        got = interleaved(__file__, train_cases, args.rounds)
-        flops = training_flops_per_token(ours().config, LEN) * PAIRS * LEN
-        mm = rates["mm_bf16_gflops" if args.dtype == "bfloat16" else "best_fp32_gflops"] * 1e9
-        print(
-            f"{'training step':<24}{'ms/step':>22}{'src+tgt tok/s':>15}{'MFU':>7}{'aiayn faster':>14}"
-        )
-        rows: dict[str, Any] = {}
-        for impl, runs in got.items():
-            if runs:
-                rows[impl] = spread([r["s"] * 1e3 for r in runs])
-        for impl, ms in rows.items():
-            sec = ms["median"] / 1e3
-            ratio = ms["median"] / rows["aiayn"]["median"] if "aiayn" in rows else math.nan
-            rows[impl] |= {
-                "tokens_per_s": 2 * PAIRS * LEN / sec,
-                "mfu": flops / sec / mm,
-                "aiayn_faster": ratio,
-            }
-            print(
-                f"{impl:<24}{cell(ms):>22}{2 * PAIRS * LEN / sec:>15,.0f}{flops / sec / mm:>7.1%}{ratio:>13.2f}x"
-            )
-        results["train_ms_per_step"] = rows
+        results["train_ms_per_step"] = training_table(args, rates, common)
 
     beam_cases = [
         {

@@ -267,6 +267,10 @@ def packed_for_rows(model: nn.Module, rows: int) -> Iterator[None]:
         yield
 
 
+# (d_in, d_out) of each layer, in order -> seconds of a one-row pass by F.linear and by gemv
+_GEMV_SECONDS: dict[tuple[tuple[int, int], ...], tuple[float, float]] = {}
+
+
 def _gemv_faster(layers: list[Linear]) -> bool:
     """Whether a one-row pass through these layers, in order, takes less time through gemv than
     through ``F.linear`` (:func:`_gemv_seconds`; measured once per list of shapes and process)."""
@@ -277,9 +281,6 @@ def _gemv_faster(layers: list[Linear]) -> bool:
         _GEMV_SECONDS[key] = _gemv_seconds(layers)
     baseline, gemv = _GEMV_SECONDS[key]
     return gemv < baseline
-
-
-_GEMV_SECONDS: dict[tuple[tuple[int, int], ...], tuple[float, float]] = {}
 
 
 def _gemv_seconds(layers: list[Linear], budget_s: float = 0.1) -> tuple[float, float]:

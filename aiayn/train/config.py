@@ -157,13 +157,10 @@ class DataConfig:
         for split in ("train", "valid"):  # own files come in pairs: a side alone is a mistake
             source, target = getattr(self, f"{split}_source"), getattr(self, f"{split}_target")
             if (source is None) != (target is None):
-                given, missing = (
-                    ("source", "target") if source is not None else ("target", "source")
-                )
-                given, missing = f"{split}_{given}", f"{split}_{missing}"
+                given, missing = ("source", "target") if target is None else ("target", "source")
                 raise ValueError(
-                    f"DataConfig.{given} is set but {missing} is not: give both files of the"
-                    " pair, or neither (Multi30k)"
+                    f"DataConfig.{split}_{given} is set but {split}_{missing} is not: give both"
+                    " files of the pair, or neither (Multi30k)"
                 )
 
 
