@@ -59,16 +59,18 @@ def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 class MatmulAttention(torch.autograd.Function):
-    """softmax(Q K^T · scale) V over (..., T, D) inputs, causal or not, with the backward
-    written out above (saves Q, K, V and P)."""
+    """softmax(Q K^T · scale + bias) V over (..., T, D) inputs, with the backward written out
+    above (saves Q, K, V and P).  ``bias`` is :func:`causal_bias` (T, T), or None."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float) -> Tensor:
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float
+    ) -> Tensor:
         t = q.shape[-2]
         q3, k3, v3 = (x.reshape(-1, x.shape[-2], x.shape[-1]) for x in (q, k, v))  # (B·H, ., D)
         kt = k3.transpose(1, 2)  # (B·H, D, S)
-        if is_causal:
-            scores = torch.baddbmm(causal_bias(t, q.dtype, q.device), q3, kt, alpha=scale)
+        if bias is not None:  # (T, T): the causal -inf above the diagonal
+            scores = torch.baddbmm(bias, q3, kt, alpha=scale)
         else:
             scores = torch.bmm(q3, kt).mul_(scale)  # (B·H, T, S)
         p = torch.softmax(scores, dim=-1)  # (B·H, T, S)
@@ -101,5 +103,13 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale:
         raise ValueError(
             f"causal matmul attention needs T == S, got {q.shape[-2]} and {k.shape[-2]}"
         )
-    out: Tensor = MatmulAttention.apply(q, k, v, is_causal, scale)
+    t = q.shape[-2]
+    bias = None
+    if is_causal:  # made outside the Function: torch.compile traces no cache writes inside it
+        bias = (
+            torch.full((t, t), float("-inf"), device=q.device).triu(1).to(q.dtype)
+            if torch.compiler.is_compiling()
+            else causal_bias(t, q.dtype, q.device)
+        )
+    out: Tensor = MatmulAttention.apply(q, k, v, bias, scale)
     return out

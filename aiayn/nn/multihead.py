@@ -95,6 +95,9 @@ class MultiHeadAttention(nn.Module):
         if backend not in registry.names("attention_backend"):
             names = ", ".join(registry.names("attention_backend"))
             raise ValueError(f"attention_backend={backend!r} is invalid: expected one of {names}")
+        # Import the backend now: an import inside a forward that torch.compile traces would
+        # split its graph (a graph break) for good.
+        registry.resolve("attention_backend", backend)
         if score not in ("dot", "additive"):
             raise ValueError(f"attention score={score!r} is invalid: expected 'dot' or 'additive'")
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.nn.attention import attend
-from aiayn.nn.matmul_attention import MatmulAttention, matmul_attention, max_scores
+from aiayn.nn.matmul_attention import MatmulAttention, causal_bias, matmul_attention, max_scores
 
 
 def _inputs(t: int, s: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
@@ -43,8 +43,9 @@ def test_values_and_gradients_equal_pytorch_attention(t: int, s: int, causal: bo
 def test_backward_equals_the_numerical_gradient(causal: bool) -> None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 4, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = causal_bias(4, torch.float64, q.device)
     assert torch.autograd.gradcheck(
-        lambda a, b, c: MatmulAttention.apply(a, b, c, causal, 0.5),
+        lambda a, b, c: MatmulAttention.apply(a, b, c, bias if causal else None, 0.5),
         (q.requires_grad_(), k.requires_grad_(), v.requires_grad_()),
         fast_mode=True,
     )
