@@ -16,7 +16,8 @@ model trained on fixed shapes (a language model's B × T windows) that is one se
 token-count batches change their row count at every step, and a Multi30k run once grew by 0.4
 GB every 20 steps to 7.8 GB.  Rows are therefore padded to a multiple of ``ROW_MULTIPLE``: a
 budget of N tokens meets at most N / 64 row counts (the demo peaks at 1.18 GB RSS on oneDNN,
-0.78 GB on MKL).
+0.78 GB on MKL).  bf16 autocast training pads the same way: there ``F.linear`` itself runs on
+oneDNN.
 
 Decoding multiplies one or a few rows per step, and is bound by reading the weights.  One row
 (without gradients) goes to BLAS's ``sgemv`` -- numpy's matmul on a zero-copy view of the
@@ -151,6 +152,16 @@ def onednn_speedup(rows: int, d_in: int, d_out: int, repeat: int = 5) -> float:
     return mkl_s / best_seconds(onednn, repeat)
 
 
+def _low_precision_training(x: Tensor) -> bool:
+    """bf16 / fp16 autocast on a CPU, with gradients (training's forward pass)."""
+    return (
+        x.device.type == "cpu"
+        and torch.is_autocast_enabled("cpu")
+        and torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
+
+
 def _fast_path(x: Tensor, w: Tensor) -> bool:
     return (
         _ONEDNN
@@ -179,9 +190,16 @@ class Linear(nn.Linear):
             and not torch.compiler.is_compiling()
         ):
             return _gemv(x, *view)
-        if not _fast_path(x, self.weight) or torch.jit.is_scripting():
+        if torch.jit.is_scripting():
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if _low_precision_training(x) and rows > ROW_MULTIPLE and rows % ROW_MULTIPLE:
+            # bf16 autocast on a CPU: F.linear runs on oneDNN, which keeps a kernel per row
+            # count, so token-count batches get the same padding as the fp32 path.
+            flat = _pad_rows(x.reshape(rows, x.shape[-1]))  # (N', I)
+            return F.linear(flat, self.weight, self.bias)[:rows].view(*x.shape[:-1], -1)
+        if not _fast_path(x, self.weight):
+            return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])  # (N, I)
         if (
             rows == 1

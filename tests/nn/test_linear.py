@@ -60,6 +60,40 @@ def test_other_dtypes_and_autocast_take_the_plain_path() -> None:
         assert layer32(torch.randn(32, 16)).dtype == torch.bfloat16
 
 
+def test_bf16_training_pads_rows_so_token_batches_meet_few_shapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under CPU autocast with gradients, F.linear (oneDNN in bf16, a kernel kept per shape)
+    sees row counts padded to ROW_MULTIPLE; the result and the gradients are those of the
+    unpadded product."""
+    torch.manual_seed(0)
+    layer = Linear(24, 40)
+    seen: list[int] = []
+    plain = F.linear
+
+    def recording(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        seen.append(x.shape[0] if x.dim() == 2 else -1)
+        return plain(x, w, b)
+
+    monkeypatch.setattr(linear_module.F, "linear", recording)
+    for rows in range(ROW_MULTIPLE + 1, 4 * ROW_MULTIPLE + 1, 7):  # 28 token-batch sizes
+        x = torch.randn(rows, 24, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x)
+            ref = plain(x, layer.weight, layer.bias)
+        assert out.shape == ref.shape == (rows, 40) and out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, ref)
+        (out.float() ** 2).sum().backward()
+        grad_x, x.grad = x.grad, None
+        (ref.float() ** 2).sum().backward()
+        torch.testing.assert_close(grad_x, x.grad)
+    assert len(seen) == 28 and set(seen) <= {2 * ROW_MULTIPLE, 3 * ROW_MULTIPLE, 4 * ROW_MULTIPLE}
+    seen.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(torch.randn(ROW_MULTIPLE + 3, 24))  # inference: no padding
+    assert seen == [ROW_MULTIPLE + 3]
+
+
 def test_packed_inference_equals_and_is_released() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(32, 64), torch.nn.ReLU(), Linear(64, 16))
