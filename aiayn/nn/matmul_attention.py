@@ -52,6 +52,8 @@ _causal_bias: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
 
 def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(n, n): 0 on and below the diagonal, -inf above it (made once per size and dtype)."""
+    if torch.compiler.is_compiling():  # a graph torch.compile traces writes no cache
+        return torch.full((n, n), float("-inf"), device=device).triu(1).to(dtype)
     key = (n, dtype, device)
     if key not in _causal_bias:
         _causal_bias[key] = torch.full((n, n), float("-inf"), device=device).triu(1).to(dtype)
@@ -103,13 +105,7 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale:
         raise ValueError(
             f"causal matmul attention needs T == S, got {q.shape[-2]} and {k.shape[-2]}"
         )
-    t = q.shape[-2]
-    bias = None
-    if is_causal:  # made outside the Function: torch.compile traces no cache writes inside it
-        bias = (
-            torch.full((t, t), float("-inf"), device=q.device).triu(1).to(q.dtype)
-            if torch.compiler.is_compiling()
-            else causal_bias(t, q.dtype, q.device)
-        )
+    # The mask is made outside the Function: torch.compile cannot trace the cache's use inside.
+    bias = causal_bias(q.shape[-2], q.dtype, q.device) if is_causal else None
     out: Tensor = MatmulAttention.apply(q, k, v, bias, scale)
     return out
