@@ -193,7 +193,7 @@ class Linear(nn.Linear):
         if torch.jit.is_scripting():
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if _low_precision_training(x) and rows > ROW_MULTIPLE and rows % ROW_MULTIPLE:
+        if rows > ROW_MULTIPLE and rows % ROW_MULTIPLE and _low_precision_training(x):
             # bf16 autocast on a CPU: F.linear runs on oneDNN, which keeps a kernel per row
             # count, so token-count batches get the same padding as the fp32 path.
             flat = _pad_rows(x.reshape(rows, x.shape[-1]))  # (N', I)
