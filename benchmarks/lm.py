@@ -2,6 +2,7 @@
 implementations interleaved round by round, medians with min-max (benchmarks/rounds.py).
 
     python benchmarks/lm.py [--dtype float32|bfloat16] [--rounds 3] [--threads 2] [--quick]
+                            [--compile]
                             [--no-quality] [--no-train] [--no-generate] [--json ...]
 
 0. Quality: configs/shakespeare_char.toml (nanoGPT's CPU example: 4 layers, 4 heads, 128 wide,
@@ -14,7 +15,9 @@ implementations interleaved round by round, medians with min-max (benchmarks/rou
    (``torch.optim.AdamW(fused=True)``).  aiayn runs its trainer's path: the fused
    cross-entropy (``model(x, targets=y)``) and, in fp32, oneDNN linears only if they measure
    faster than MKL on this host at this shape (the probe the trainer runs); in fp32 the row
-   "aiayn-mkl" forces MKL, to show how much of the result is the host's oneDNN.
+   "aiayn-mkl" forces MKL, to show how much of the result is the host's oneDNN.  With
+   ``--compile``, every implementation also runs under ``torch.compile`` (rows "+compile";
+   the compilation happens in the untimed warm-up steps).
 2. Generation: tokens/s for 256 new tokens after a 32-token prompt, greedy, batch 1 and 8,
    against HF ``generate`` with its cache, on identical weights (bf16 weights for both with
    ``--dtype bfloat16``).
@@ -85,6 +88,9 @@ def x_transformers(s: dict[str, int]) -> torch.nn.Module:
 BUILD = {"aiayn": ours, "hf-gpt2-sdpa": hf_gpt2, "x-transformers": x_transformers}
 # aiayn with MKL's linears forced (no oneDNN): how much of its fp32 lead is this host's oneDNN.
 VARIANTS = {"aiayn-mkl": ours}
+# --compile adds every implementation again under torch.compile (the whole model, as
+# ``train.compile = true`` does; aiayn's compiled linears are F.linear's).
+COMPILED = "+compile"
 GEN_SHAPES = {
     "6L-384": SHAPES["6L-384"],
     "gpt2-small-shape": dict(n_layers=12, n_heads=12, d_model=768, block=320, batch=1, vocab=50257),
@@ -98,8 +104,10 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
     from aiayn.nn.linear import onednn_speedup, use_onednn
 
     s, impl = SHAPES[case["shape"]], case["impl"]
+    base = impl.removesuffix(COMPILED)
     torch.manual_seed(0)
-    model = {**BUILD, **VARIANTS}[impl](s).train()
+    model = {**BUILD, **VARIANTS}[base](s).train()
+    forward = torch.compile(model) if impl.endswith(COMPILED) else model  # compiled in warm-up
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
     y = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
@@ -113,9 +121,9 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not fp32):
             if impl.startswith("aiayn"):
-                loss = model(x, targets=y)
+                loss = forward(x, targets=y)
             else:
-                out = model(x)
+                out = forward(x)
                 logits = out.logits if hasattr(out, "logits") else out
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
         loss.backward()
@@ -198,6 +206,9 @@ def main() -> int:
     ap.add_argument("--no-quality", action="store_true", help="skip the 2,000-step training run")
     ap.add_argument("--no-train", action="store_true", help="skip the training-speed table")
     ap.add_argument("--no-generate", action="store_true", help="skip the generation table")
+    ap.add_argument(
+        "--compile", action="store_true", help="training: each implementation compiled too"
+    )
     ap.add_argument("--json", default=None, help="default benchmarks/results/lm_DTYPE[_PARTS].json")
     args = ap.parse_args()
     if args.quick:
@@ -216,7 +227,7 @@ def main() -> int:
     mm = rates["mm_bf16_gflops" if args.dtype == "bfloat16" else "best_fp32_gflops"] * 1e9
 
     if not args.no_train:
-        print(f"{'training':<14}{'model':<16}{'ms/iter':>22}{'MFU':>7}{'aiayn faster':>14}")
+        print(f"{'training':<14}{'model':<24}{'ms/iter':>22}{'MFU':>7}{'aiayn faster':>14}")
         results["train"] = {}
         for shape in SHAPES:
             cases = [
@@ -228,7 +239,11 @@ def main() -> int:
                     "repeat": args.repeat,
                     **common,
                 }
-                for impl in [*BUILD, *(VARIANTS if args.dtype == "float32" else {})]
+                for impl in [
+                    *BUILD,
+                    *(VARIANTS if args.dtype == "float32" else {}),
+                    *([name + COMPILED for name in BUILD] if args.compile else []),
+                ]
             ]
             got = interleaved(__file__, cases, args.rounds)
             rows = {
@@ -238,7 +253,7 @@ def main() -> int:
                 ratio = ms["median"] / rows["aiayn"]["median"] if "aiayn" in rows else math.nan
                 mfu = train_flops(SHAPES[shape]) / (ms["median"] / 1e3) / mm
                 ms |= {"mfu": mfu, "aiayn_faster": ratio}
-                print(f"{shape:<14}{impl:<16}{cell(ms, '.1f'):>22}{mfu:>7.1%}{ratio:>13.2f}x")
+                print(f"{shape:<14}{impl:<24}{cell(ms, '.1f'):>22}{mfu:>7.1%}{ratio:>13.2f}x")
             if got.get("aiayn"):  # the oneDNN choice of each round's aiayn process
                 rows["aiayn"]["onednn_by_round"] = [bool(r["onednn"]) for r in got["aiayn"]]
             results["train"][shape] = rows
@@ -272,7 +287,9 @@ def main() -> int:
     print(f"\nafter: {rates_line(results['rates_after'])}")
     # A partial run names its parts, so that it does not replace a full run's results.
     parts = [p for p in ("quality", "train", "generate") if not getattr(args, f"no_{p}")]
-    suffix = "" if len(parts) == 3 else "_" + "_".join(parts)
+    suffix = ("" if len(parts) == 3 else "_" + "_".join(parts)) + (
+        "_compile" if args.compile else ""
+    )
     out = Path(args.json or f"benchmarks/results/lm_{args.dtype}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
