@@ -70,9 +70,11 @@ def stream(
 ) -> Iterator[Tensor]:
     """Yield (B,) next tokens, one step at a time.  Stops early once all have emitted ``eos_id``.
 
-    Beyond the model's ``max_len`` the context slides: the oldest tokens are dropped and the
-    last ``max_len - 1`` are re-read (as nanoGPT crops its context), so any length can be
-    generated; within ``max_len`` every step is a single cached token.
+    Beyond the model's ``max_len`` the context slides: once a row's context would exceed
+    ``max_len``, its oldest tokens are dropped and its last ``max_len - 1`` are re-read (as
+    nanoGPT crops its context), so any length can be generated; within ``max_len`` every step
+    is a single cached token.  Each row slides when it would alone: in a batch with left
+    padding the rows' windows differ, and every row keeps its own.
     """
     cfg = model.config
     rows = _prepare(prompts, max_new_tokens, cfg.max_len, truncate)
@@ -107,10 +109,11 @@ def stream(
             # aiayn/nn/linear.py, where this host runs it faster than F.linear); other dtypes
             # and hosts stay on torch's threads.
             torch.set_num_threads(1)
+        # Each row's context, as it would be alone: history[i, starts[i]:end] (below).
         slides = p + max_new_tokens > cfg.max_len
-        if slides:  # (B, P + N): every token, to re-read the last max_len - 1 when full
+        if slides:  # (B, P + N): every token, to re-read a row's last max_len - 1 when full
             history = torch.cat([ids, ids.new_zeros(b, max_new_tokens)], 1)
-            history_real = torch.cat([real, real.new_ones(b, max_new_tokens)], 1)
+            starts = torch.tensor([p - len(r) for r in rows], device=device)  # (B,)
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
             nxt = choose_next(logits, sampling, seen=seen, generator=generator)  # (B,)
@@ -122,18 +125,26 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
-            if slides:
-                history[:, p + step] = nxt
-            if cache.length < cfg.max_len:
+            if not slides:
                 logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V)
-            else:
-                # The context is full: like nanoGPT, keep the last max_len - 1 tokens and
-                # re-read them (their positions restart at 0), then go on with the cache.
-                end, start = p + step + 1, p + step + 2 - cfg.max_len
-                window, window_real = history[:, start:end], history_real[:, start:end]
-                cache = model.new_cache(b, cfg.max_len)
-                mask = None if bool(window_real.all()) else window_real
-                logits = model(window, attention_mask=mask, cache=cache)[:, -1]
+                continue
+            end = p + step + 1
+            history[:, end - 1] = nxt
+            full = end - starts > cfg.max_len  # (B,) rows whose context would overflow
+            if not bool(full.any()):
+                logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V)
+                continue
+            # A row whose context is full keeps its last max_len - 1 tokens, like nanoGPT, and
+            # re-reads them (their positions restart at 0).  The batch's cache is as long as
+            # its longest row, so every row is re-read from its own start: each row's window
+            # is the one it would have alone, and rows that did not slide lose nothing.
+            starts = torch.where(full, end - cfg.max_len + 1, starts)
+            first = int(starts.min())
+            window = history[:, first:end]  # (B, W), W <= max_len
+            window_real = torch.arange(first, end, device=device)[None, :] >= starts[:, None]
+            cache = model.new_cache(b, cfg.max_len)
+            mask = None if bool(window_real.all()) else window_real
+            logits = model(window, attention_mask=mask, cache=cache)[:, -1]
     finally:
         torch.set_num_threads(threads)
         packing.close()

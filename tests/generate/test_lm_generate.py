@@ -20,8 +20,9 @@ from aiayn.models import DecoderLM
 def small(preset: str = "gpt2-small", **kw: object) -> DecoderLM:
     torch.manual_seed(0)
     model = aiayn.build_model(
-        preset, n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=40, max_len=48, dropout=0.0,
-        init_std=0.2, **kw,
+        preset,
+        **{"n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "vocab_size": 40, "max_len": 48,
+           "dropout": 0.0, "init_std": 0.2, **kw},
     )  # fmt: skip
     assert isinstance(model, DecoderLM)
     return model.eval()
@@ -153,17 +154,36 @@ def test_prompt_too_long_errors_or_truncates() -> None:
         SamplingConfig(top_p=1.5)
 
 
+def sliding_reference(model: DecoderLM, prompt: list[int], n: int) -> list[int]:
+    """Greedy continuation without a cache, re-running the whole window every step.
+
+    The window is the documented policy of ``stream``: once the context would exceed max_len,
+    keep its last max_len - 1 tokens; then let it grow to max_len again.
+    """
+    max_len = model.config.max_len
+    ids, start = list(prompt), 0
+    for _ in range(n):
+        if len(ids) - start > max_len:
+            start = len(ids) - max_len + 1
+        window = torch.tensor([ids[start:]])  # (1, W)
+        ids.append(int(model(window)[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
 def test_generation_slides_past_max_len_like_nanogpt() -> None:
-    model = small()  # max_len 48
-    prompt = list(range(1, 31))
-    out = generate(
-        model, [prompt, prompt[5:]], max_new_tokens=40, sampling=SamplingConfig(temperature=0)
-    )
-    assert [len(o) for o in out] == [40, 40]
-    # Reference: re-run the last max_len tokens every step (no cache), cropping like nanoGPT
-    # (our window after the first overflow holds max_len - 1 tokens, then grows to max_len).
-    ids = list(prompt)
-    cached = generate(model, [prompt], max_new_tokens=18, sampling=SamplingConfig(temperature=0))[0]
-    for _ in range(18):
-        ids.append(int(model(torch.tensor([ids[-48:]]))[0, -1].argmax()))
-    assert cached == ids[30:]
+    # max_len 48; larger weights than the default, so that the oldest tokens sway the argmax
+    model = small(init_std=0.5)
+    greedy = SamplingConfig(temperature=0)
+    torch.manual_seed(1)
+    prompts = [torch.randint(1, 40, (n,)).tolist() for n in (30, 25, 7)]
+    # 40 new tokens: the 30-token row's context passes max_len after 18 steps, the 25-token
+    # row's after 23; the 7-token row's never does (7 + 40 < 48) but shares the batch's cache.
+    batched = generate(model, prompts, max_new_tokens=40, sampling=greedy)
+    for prompt, row in zip(prompts, batched, strict=True):
+        alone = generate(model, [prompt], max_new_tokens=40, sampling=greedy)[0]
+        assert row == alone  # left padding changes nothing, sliding included
+        assert row == sliding_reference(model, prompt, 40)
+    # A long continuation slides many times (every row, out of phase with each other).
+    long = generate(model, prompts[:2], max_new_tokens=70, sampling=greedy)
+    for prompt, row in zip(prompts[:2], long, strict=True):
+        assert row == sliding_reference(model, prompt, 70)
