@@ -50,6 +50,11 @@ class BPETokenizer:
         from tokenizers import Tokenizer
 
         assert isinstance(tokenizer, Tokenizer)
+        # A published tokenizer.json may carry fixed padding and truncation (a sentence
+        # embedding model's "pad to 128").  transformers applies them only when a call asks for
+        # them; here ``encode`` gives a text's own tokens, and batching pads and masks.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
         self.tok = tokenizer
 
     @classmethod

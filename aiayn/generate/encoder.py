@@ -1,9 +1,10 @@
 """What an encoder-only model (BERT) gives back: sentence embeddings and masked-token guesses.
 
-* :func:`sentence_embeddings` -- the mean of the last layer's vectors over each text's real
-  tokens ([CLS] and [SEP] included), scaled to unit length: sentence-transformers' "mean
-  pooling + Normalize", the usual recipe for BERT-family embedding models.  Texts are batched,
-  right-padded with the model's pad id and masked.
+* :func:`sentence_embeddings` -- the last layer's vectors pooled over each text's real tokens
+  ([CLS] and [SEP] included) as the checkpoint's own sentence-transformers recipe says
+  (aiayn/interop/sentence_transformers.py); by default their mean, scaled to unit length
+  ("mean pooling + Normalize", the usual recipe for BERT-family embedding models).  Texts are
+  batched, right-padded with the model's pad id and masked.
 * :func:`fill_mask` -- the most likely tokens at each [MASK] of a text, with their
   probabilities, as HF's fill-mask pipeline reports them.
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling
 from aiayn.models import EncoderLM
 
 MASK_TOKENS = ("[MASK]", "<mask>")
@@ -44,6 +46,27 @@ def _encoded(tokenizer: Tokenizer, text: str, limit: int, truncate: bool, number
     return ids
 
 
+def pool(hidden: torch.Tensor, keep: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:
+    """(B, len(modes) * C) sentence vectors from (B, T, C) token vectors and the (B, T) mask of
+    real tokens, one block per pooling mode (aiayn/interop/sentence_transformers.py)."""
+    real = keep[..., None].to(hidden.dtype)  # (B, T, 1)
+    count = real.sum(1).clamp(min=1e-9)  # (B, 1)
+    total = (hidden * real).sum(1)  # (B, C)
+    last = keep.long().cumsum(1).argmax(1)  # (B,) the last real token (right padding)
+    position = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
+    weights = real * position[None, :, None]  # (B, T, 1): later tokens weigh more
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    parts = {
+        "cls": lambda: hidden[rows, keep.long().argmax(1)],  # the first real token
+        "max": lambda: hidden.masked_fill(~keep[..., None], float("-inf")).amax(1),
+        "mean": lambda: total / count,
+        "mean_sqrt_len_tokens": lambda: total / count.sqrt(),
+        "weightedmean": lambda: (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9),
+        "lasttoken": lambda: hidden[rows, last],
+    }
+    return torch.cat([parts[mode]() for mode in modes], dim=-1)
+
+
 @torch.no_grad()
 def sentence_embeddings(
     model: EncoderLM,
@@ -51,16 +74,21 @@ def sentence_embeddings(
     texts: Sequence[str],
     *,
     batch_size: int = 32,
-    normalize: bool = True,
+    pooling: Pooling = DEFAULT_POOLING,
     truncate: bool = False,
 ) -> torch.Tensor:
-    """(len(texts), C) float32 embeddings, one per text (module docstring)."""
+    """(len(texts), D) float32 embeddings, one per text (module docstring); D = d_model times
+    the number of pooling modes.  ``pooling.max_tokens`` (else the model's ``max_len``) is the
+    longest text read; a longer one is an error unless ``truncate``."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     c = model.config
     pad = c.pad_id if c.pad_id is not None else 0
     device = model.embed.token.weight.device
-    rows = [_encoded(tokenizer, t, c.max_len, truncate, i) for i, t in enumerate(texts, 1)]
+    limit = min(c.max_len, pooling.max_tokens or c.max_len)
+    if pooling.lowercase:
+        texts = [t.lower() for t in texts]
+    rows = [_encoded(tokenizer, t, limit, truncate, i) for i, t in enumerate(texts, 1)]
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
@@ -71,9 +99,10 @@ def sentence_embeddings(
             ids[i, : len(r)] = torch.tensor(r, device=device)
             keep[i, : len(r)] = True
         hidden = model.encode(ids, attention_mask=keep).float()  # (B, T, C)
-        mean = (hidden * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)  # (B, C)
-        out.append(F.normalize(mean, dim=-1) if normalize else mean)
-    return torch.cat(out) if out else torch.zeros(0, c.d_model)
+        vectors = pool(hidden, keep, pooling.modes)  # (B, D)
+        out.append(F.normalize(vectors, dim=-1) if pooling.normalize else vectors)
+    width = c.d_model * len(pooling.modes)
+    return torch.cat(out) if out else torch.zeros(0, width)
 
 
 @dataclass(frozen=True)
