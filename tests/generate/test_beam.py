@@ -5,22 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import aiayn
 from aiayn.generate.beam import BeamConfig, beam_search, greedy_decode, length_penalty
 from aiayn.models import EncoderDecoder
+from tests.conftest import tiny_model
 
 BOS, EOS = 1, 2
 
 
 def small(**kw: object) -> EncoderDecoder:
-    torch.manual_seed(0)
-    model = aiayn.build_model(
-        "paper-base",
-        **{"n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "vocab_size": 24, "max_len": 64,
-           "dropout": 0.0, "init_std": 0.3, **kw},
-    )  # fmt: skip
+    model = tiny_model("paper-base", **{"vocab_size": 24, "max_len": 64, "init_std": 0.3, **kw})
     assert isinstance(model, EncoderDecoder)
-    return model.eval()
+    return model
 
 
 def sources() -> torch.Tensor:

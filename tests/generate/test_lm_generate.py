@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import aiayn
 from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.sampling import (
     apply_repetition_penalty,
@@ -15,17 +14,13 @@ from aiayn.generate.sampling import (
     top_p_filter,
 )
 from aiayn.models import DecoderLM
+from tests.conftest import tiny_model
 
 
 def small(preset: str = "gpt2-small", **kw: object) -> DecoderLM:
-    torch.manual_seed(0)
-    model = aiayn.build_model(
-        preset,
-        **{"n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "vocab_size": 40, "max_len": 48,
-           "dropout": 0.0, "init_std": 0.2, **kw},
-    )  # fmt: skip
+    model = tiny_model(preset, **{"vocab_size": 40, "max_len": 48, "init_std": 0.2, **kw})
     assert isinstance(model, DecoderLM)
-    return model.eval()
+    return model
 
 
 def naive_greedy(

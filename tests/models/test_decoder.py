@@ -7,6 +7,7 @@ import torch
 
 import aiayn
 from aiayn.models import DecoderLM
+from tests.conftest import tiny_model
 
 VARIANTS = {
     "gpt2": ("gpt2-small", {}),
@@ -19,20 +20,9 @@ VARIANTS = {
 
 def small(name: str) -> DecoderLM:
     preset, kw = VARIANTS[name]
-    torch.manual_seed(0)
-    model = aiayn.build_model(
-        preset,
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        vocab_size=60,
-        max_len=32,
-        dropout=0.0,
-        **kw,
-    )
+    model = tiny_model(preset, vocab_size=60, max_len=32, **kw)
     assert isinstance(model, DecoderLM)
-    return model.eval()
+    return model
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -5,27 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import aiayn
 from aiayn.models import EncoderLM
+from tests.conftest import tiny_model
 
 
 def small(**kw: object) -> EncoderLM:
-    torch.manual_seed(0)
-    model = aiayn.build_model(
-        "bert-base",
-        **{
-            "n_layers": 2,
-            "d_model": 32,
-            "n_heads": 4,
-            "d_ff": 64,
-            "vocab_size": 40,
-            "max_len": 16,
-            "dropout": 0.0,
-            **kw,
-        },
-    )
+    model = tiny_model("bert-base", **{"vocab_size": 40, "max_len": 16, **kw})
     assert isinstance(model, EncoderLM)
-    return model.eval()
+    return model
 
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])

@@ -9,15 +9,13 @@ from torch import nn
 import aiayn
 from aiayn.models import EncoderDecoder
 from aiayn.nn.masks import causal_mask
-
-SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=50, dropout=0.0, max_len=64)
+from tests.conftest import tiny_model
 
 
 def small(**kw: object) -> EncoderDecoder:
-    torch.manual_seed(0)
-    model = aiayn.build_model("paper-base", **{**SMALL, **kw})
+    model = tiny_model("paper-base", **{"vocab_size": 50, "max_len": 64, **kw})
     assert isinstance(model, EncoderDecoder)
-    return model.eval()
+    return model
 
 
 def _copy_ln(dst: nn.Module, src: nn.Module) -> None:

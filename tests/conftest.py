@@ -1,0 +1,127 @@
+"""What many test files share: tiny seeded models, and tiny translation and LM runs.
+
+Test modules take these from here (as fixtures, or imported as ``from tests.conftest import
+...`` where a module-level helper needs them), never from each other.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import aiayn
+
+# Two layers, 32 wide, 4 heads, no dropout: a model every family can be, small enough to run
+# a forward pass in milliseconds, large enough for heads, grouping and caches to matter.
+TINY: dict[str, Any] = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.0}
+
+
+def tiny_model(preset: str, **overrides: Any) -> Any:
+    """A tiny model of ``preset`` (:data:`TINY`, then ``overrides``), built after
+    ``torch.manual_seed(0)`` so that every call gives the same weights, in eval mode."""
+    torch.manual_seed(0)
+    return aiayn.build_model(preset, **{**TINY, **overrides}).eval()
+
+
+@pytest.fixture
+def tiny() -> Callable[..., Any]:
+    """:func:`tiny_model`, for tests that take their models as fixtures."""
+    return tiny_model
+
+
+# A parallel corpus in Multi30k's layout: five German-English pairs, repeated.
+DE = [
+    "ein hund läuft",
+    "eine katze schläft",
+    "zwei männer",
+    "ein kind spielt im park",
+    "der ball ist rot",
+]
+EN = ["a dog runs", "a cat sleeps", "two men", "a child plays in the park", "the ball is red"]
+
+
+def write_corpus(root: Path) -> None:
+    """``root/multi30k/{train,val,test_2016_flickr}.{de,en}.gz`` from :data:`DE` / :data:`EN`."""
+    m = root / "multi30k"
+    m.mkdir(parents=True)
+    for split, n in (("train", 12), ("val", 1), ("test_2016_flickr", 1)):
+        for lang, lines in (("de", DE), ("en", EN)):
+            with gzip.open(m / f"{split}.{lang}.gz", "wt", encoding="utf-8") as fh:
+                fh.write("\n".join(lines * n) + "\n")
+
+
+# A one-layer paper-recipe translation run: 6 steps of 64-token batches, checkpoints every 3.
+TRANSLATION_TOML = """
+[model]
+preset = "paper-base"
+n_layers = 1
+d_model = 32
+n_heads = 4
+d_ff = 64
+max_len = 64
+dropout = 0.1
+
+[data]
+bpe_vocab_size = 300
+
+[train]
+schedule = "paper"
+lr = 0.1
+warmup_steps = 4
+beta2 = 0.98
+adam_eps = 1e-9
+weight_decay = 0.0
+label_smoothing = 0.1
+max_tokens = 64
+max_steps = 6
+eval_interval = 3
+checkpoint_interval = 3
+keep_snapshots = 2
+"""
+
+# A two-layer character-level LM run on ``corpus.txt``: 8 steps, a checkpoint every 4.
+LM_TOML = """
+[model]
+preset = "gpt2-small"
+n_layers = 2
+d_model = 32
+n_heads = 4
+d_ff = 64
+max_len = 32
+dropout = 0.1
+
+[data]
+text = "corpus.txt"
+
+[train]
+max_steps = 8
+batch_size = 4
+block_size = 16
+lr = 3e-3
+warmup_steps = 2
+eval_interval = 4
+eval_batches = 2
+checkpoint_interval = 4
+"""
+LM_TEXT = "To be, or not to be, that is the question.\n" * 40
+
+
+@pytest.fixture
+def translation_run(tmp_path: Path) -> Path:
+    """``tmp_path/run.toml`` (:data:`TRANSLATION_TOML`) over the corpus in ``tmp_path/data``."""
+    write_corpus(tmp_path / "data")
+    (tmp_path / "run.toml").write_text(TRANSLATION_TOML)
+    return tmp_path / "run.toml"
+
+
+@pytest.fixture
+def lm_run(tmp_path: Path) -> Path:
+    """``tmp_path/run.toml`` (:data:`LM_TOML`) beside its ``corpus.txt``."""
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
+    (tmp_path / "run.toml").write_text(LM_TOML)
+    return tmp_path / "run.toml"
