@@ -46,10 +46,23 @@ class BPETokenizer:
 
     kind = "bpe"
 
-    def __init__(self, tokenizer: object) -> None:
+    def __init__(
+        self,
+        tokenizer: object,
+        *,
+        model_max_length: int | None = None,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+    ) -> None:
+        """``model_max_length``, ``chat_template`` and ``special_tokens`` (names such as
+        ``"bos_token"`` to their strings): a published folder's settings that live outside
+        ``tokenizer.json`` (aiayn/interop/tokenizer_config.py), kept with it."""
         from tokenizers import Tokenizer
 
         assert isinstance(tokenizer, Tokenizer)
+        self.model_max_length = model_max_length
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
         # A published tokenizer.json may carry fixed padding and truncation (a sentence
         # embedding model's "pad to 128").  transformers applies them only when a call asks for
         # them; here ``encode`` gives a text's own tokens, and batching pads and masks.
@@ -79,7 +92,15 @@ class BPETokenizer:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(
-            json.dumps({"kind": "bpe", "tokenizer": json.loads(self.tok.to_str())})
+            json.dumps(
+                {
+                    "kind": "bpe",
+                    "tokenizer": json.loads(self.tok.to_str()),
+                    "model_max_length": self.model_max_length,
+                    "chat_template": self.chat_template,
+                    "special_tokens": self.special_tokens,
+                }
+            )
         )
 
 
@@ -179,7 +200,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         if data["kind"] == "bpe":
             from tokenizers import Tokenizer as HFTokenizer
 
-            return BPETokenizer(HFTokenizer.from_str(json.dumps(data["tokenizer"])))
+            return BPETokenizer(
+                HFTokenizer.from_str(json.dumps(data["tokenizer"])),
+                model_max_length=data.get("model_max_length"),
+                chat_template=data.get("chat_template"),
+                special_tokens=data.get("special_tokens"),
+            )
         if data["kind"] == "marian":
             import base64
 

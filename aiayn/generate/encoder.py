@@ -26,6 +26,13 @@ from aiayn.models import EncoderLM
 MASK_TOKENS = ("[MASK]", "<mask>")
 
 
+def _limit(model: EncoderLM, tokenizer: Tokenizer) -> int:
+    """The most tokens a text may have: the model's positions, or fewer where the tokenizer's
+    folder says so (``model_max_length`` in tokenizer_config.json)."""
+    named = getattr(tokenizer, "model_max_length", None)
+    return min(model.config.max_len, named or model.config.max_len)
+
+
 def _encoded(tokenizer: Tokenizer, text: str, limit: int, truncate: bool, number: int) -> list[int]:
     ids = tokenizer.encode(text)
     if not ids:
@@ -85,7 +92,7 @@ def sentence_embeddings(
     c = model.config
     pad = c.pad_id if c.pad_id is not None else 0
     device = model.embed.token.weight.device
-    limit = min(c.max_len, pooling.max_tokens or c.max_len)
+    limit = min(_limit(model, tokenizer), pooling.max_tokens or c.max_len)
     if pooling.lowercase:
         texts = [t.lower() for t in texts]
     rows = [_encoded(tokenizer, t, limit, truncate, i) for i, t in enumerate(texts, 1)]
@@ -130,7 +137,7 @@ def fill_mask(
     if top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1")
     mask = mask_id(tokenizer)
-    ids = _encoded(tokenizer, text, model.config.max_len, False, 1)
+    ids = _encoded(tokenizer, text, _limit(model, tokenizer), False, 1)
     where = [i for i, t in enumerate(ids) if t == mask]
     if not where:
         raise ValueError(

@@ -41,6 +41,7 @@ from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.interop.bart import _bart_config, bart_names, config_from_bart
 from aiayn.interop.bert import NSP_WEIGHTS, _bert_config, bert_names, config_from_bert
+from aiayn.interop.generation_config import read_generation
 from aiayn.interop.hf import (
     NameMap,
     _gpt2_config,
@@ -53,6 +54,7 @@ from aiayn.interop.hf import (
     split_index,
 )
 from aiayn.interop.marian import _marian_config, config_from_marian, marian_names, marian_positions
+from aiayn.interop.tokenizer_config import apply_settings, read_settings
 from aiayn.models import EncoderDecoder, EncoderLM, TransformerModel
 from aiayn.models.decoder import DecoderLM
 
@@ -210,7 +212,11 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Bundle:
     if not is_hf_folder(folder):
         return load_bundle(folder)
     model = load_hf_folder(folder)
-    run = {"model": model.config.to_dict(), "source": {"huggingface": str(folder)}}
+    run = {
+        "model": model.config.to_dict(),
+        "source": {"huggingface": str(folder)},
+        "generation": read_generation(folder).to_dict(),  # BOS / PAD / EOS ids
+    }
     return Bundle(model, load_hf_tokenizer(folder), run, folder)
 
 
@@ -367,12 +373,15 @@ def _fill(
 def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer | MarianTokenizer:
     """The checkpoint's own tokenizer, from its ``tokenizer.json`` (HF ``tokenizers``: byte-level
     BPE for GPT-2 and Qwen2, SentencePiece-style BPE for Llama and Mistral, WordPiece for BERT),
-    with its normaliser, pre-tokeniser and post-processor -- so text -> ids is what HF's fast
-    tokenizer gives, special tokens (a Llama BOS) included.
+    with its normaliser, pre-tokeniser and post-processor, changed by ``tokenizer_config.json``
+    and ``special_tokens_map.json`` as transformers changes it (lower-casing, special tokens,
+    ``add_bos_token`` / ``add_eos_token``: aiayn/interop/tokenizer_config.py) -- so text -> ids
+    is what HF's tokenizer gives, special tokens (a Llama BOS) included.
 
     A folder that ships only a SentencePiece ``tokenizer.model`` is converted the way HF
     converts it (``AutoTokenizer`` with ``sentencepiece``, honouring ``tokenizer_config.json``
-    such as ``add_bos_token``); the result is kept as a ``tokenizer.json`` from then on."""
+    such as ``add_bos_token``), with the model's own normaliser, so that text -> pieces is
+    ``SentencePieceProcessor``'s; the result is kept as a ``tokenizer.json`` from then on."""
     from tokenizers import Tokenizer
 
     folder = Path(directory)
@@ -389,9 +398,17 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer | Maria
             return _from_sentencepiece(folder)
         raise ValueError(f"{folder} has neither tokenizer.json nor a SentencePiece tokenizer.model")
     try:
-        return BPETokenizer(Tokenizer.from_file(str(path)))
+        tok = Tokenizer.from_file(str(path))
     except Exception as err:
         raise ValueError(f"cannot read the tokenizer {path}: {err}") from err
+    settings = read_settings(folder)
+    apply_settings(tok, settings)
+    return BPETokenizer(
+        tok,
+        model_max_length=settings.model_max_length,
+        chat_template=settings.chat_template,
+        special_tokens=settings.special,
+    )
 
 
 def _from_sentencepiece(folder: Path) -> BPETokenizer:
@@ -409,7 +426,49 @@ def _from_sentencepiece(folder: Path) -> BPETokenizer:
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
         raise ValueError(f"{folder / 'tokenizer.model'}: HF gave no fast tokenizer to keep")
-    return BPETokenizer(backend)
+    _normalize_as_sentencepiece(backend, (folder / "tokenizer.model").read_bytes())
+    settings = read_settings(folder)  # transformers applied the rest when it converted
+    return BPETokenizer(
+        backend,
+        model_max_length=settings.model_max_length,
+        chat_template=settings.chat_template,
+        special_tokens=settings.special,
+    )
+
+
+def _normalize_as_sentencepiece(backend: Any, model: bytes) -> None:
+    """Give HF's converted tokenizer the SentencePiece model's normaliser, as
+    ``SentencePieceProcessor`` applies it.  HF's Llama tokenizer (transformers 5) leaves out the
+    model's normaliser spec (its NFKC table, the removal of extra spaces) and adds the dummy
+    prefix "▁" only where the text does not already start with a space: " Hi" became "▁Hi",
+    where SentencePiece (and so the model's training data) has "▁▁Hi"; and its BPE has no
+    unknown piece, so a character neither in the vocabulary nor byte-encodable was dropped
+    where SentencePiece gives ``<unk>``.  Changed only where HF escapes spaces with an unsplit
+    Metaspace, as it does for Llama and Mistral."""
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import Regex, models, normalizers, pre_tokenizers
+
+    meta = backend.pre_tokenizer
+    if not isinstance(meta, pre_tokenizers.Metaspace) or meta.split:
+        return
+    pb2: Any = sentencepiece_model_pb2  # generated code, untyped
+    proto = pb2.ModelProto()
+    proto.ParseFromString(model)
+    bpe = backend.model
+    if isinstance(bpe, models.BPE) and bpe.unk_token is None:
+        bpe.unk_token = proto.trainer_spec.unk_piece  # else unknown characters vanish
+    spec = proto.normalizer_spec
+    steps: list[Any] = []
+    if spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
+    if spec.remove_extra_whitespaces:  # spaces only, after the table has mapped the others
+        steps.append(normalizers.Replace(Regex(r"\A +| +\z"), ""))
+        steps.append(normalizers.Replace(Regex(" {2,}"), " "))
+    if spec.add_dummy_prefix and meta.prepend_scheme != "never":
+        steps.append(normalizers.Prepend(meta.replacement))
+    steps.append(normalizers.Replace(" ", meta.replacement))
+    backend.normalizer = normalizers.Sequence(steps)
+    backend.pre_tokenizer = None
 
 
 def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:

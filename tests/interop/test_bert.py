@@ -1,5 +1,6 @@
 """aiayn's EncoderLM against Hugging Face BERT (BertModel, BertForMaskedLM) with identical
-random weights: hidden states, pooled output and masked-LM logits to 1e-5; round trips."""
+random weights, every LayerNorm, bias and embedding moved off HF's initial values: hidden
+states, pooled output and masked-LM logits to 1e-5; round trips exact, name by name."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip("transformers")
+import transformers
 
-from aiayn.interop.bert import from_hf_bert, to_hf_bert  # noqa: E402
-from aiayn.models.encoder import EncoderLM  # noqa: E402
+from aiayn.interop.bert import from_hf_bert, to_hf_bert
+from aiayn.models.encoder import EncoderLM
+from tests.interop.weights import assert_same_state, perturb
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB = 97
@@ -29,6 +31,14 @@ def bert_config(**overrides: object) -> object:
     return transformers.BertConfig(**kwargs)
 
 
+def bert(kind: str = "BertForMaskedLM", **overrides: object) -> torch.nn.Module:
+    """A random HF ``kind`` (BertModel, BertForMaskedLM, ...) in eval mode with every LayerNorm,
+    bias and embedding (word, position, token type) moved off its initial value."""
+    torch.manual_seed(0)
+    model = getattr(transformers, kind)(bert_config(**overrides)).eval()
+    return perturb(model, ("LayerNorm", "embeddings"))
+
+
 def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, VOCAB, (3, 17), generator=g)
@@ -42,8 +52,7 @@ def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new"])
 def test_masked_lm_logits_equal_hf(act: str) -> None:
-    torch.manual_seed(0)
-    hf = transformers.BertForMaskedLM(bert_config(hidden_act=act)).eval()
+    hf = bert(hidden_act=act)
     ours = from_hf_bert(hf).eval()
     assert isinstance(ours, EncoderLM) and ours.pooler is None and ours.head is not None
     ids, types, mask = inputs()
@@ -52,13 +61,11 @@ def test_masked_lm_logits_equal_hf(act: str) -> None:
         got = ours(ids, attention_mask=mask, token_type_ids=types)
     torch.testing.assert_close(got[mask], want[mask], **TOL)
     back = to_hf_bert(ours).eval()
-    for (name, a), (_, b) in zip(back.state_dict().items(), hf.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
+    assert_same_state(back.state_dict(), hf.state_dict(), "HF -> aiayn -> HF")
 
 
 def test_bert_model_hidden_states_and_pooler_equal_hf() -> None:
-    torch.manual_seed(0)
-    hf = transformers.BertModel(bert_config()).eval()
+    hf = bert("BertModel")
     ours = from_hf_bert(hf).eval()
     assert ours.head is None and ours.pooler is not None
     ids, types, mask = inputs()
@@ -78,8 +85,7 @@ def test_bert_model_hidden_states_and_pooler_equal_hf() -> None:
         ours(ids)
     back = to_hf_bert(ours)
     assert type(back).__name__ == "BertModel"
-    for (name, a), (_, b) in zip(back.state_dict().items(), hf.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
+    assert_same_state(back.state_dict(), hf.state_dict(), "HF -> aiayn -> HF")
 
 
 def test_what_cannot_be_converted_is_named() -> None:
@@ -129,8 +135,7 @@ def test_bert_folders_load_with_their_tokenizer_and_write_back(tmp_path) -> None
     tokenizer; our BERT written as a folder is read back by HF's from_pretrained."""
     from aiayn.interop.hf_folder import load_hf_folder, load_hf_tokenizer, save_hf_folder
 
-    torch.manual_seed(0)
-    hf = transformers.BertForPreTraining(bert_config(vocab_size=VOCAB)).eval()
+    hf = bert("BertForPreTraining")
     hf.save_pretrained(tmp_path / "hf")
     wordpiece(tmp_path / "hf")
     ours = load_hf_folder(tmp_path / "hf")
@@ -166,8 +171,7 @@ def test_embed_and_fill_mask_on_an_hf_folder_equal_hf(tmp_path, capsys) -> None:
 
     from aiayn.cli import main
 
-    torch.manual_seed(0)
-    hf = transformers.BertForMaskedLM(bert_config()).eval()
+    hf = bert()
     hf.save_pretrained(tmp_path / "hf")
     wordpiece(tmp_path / "hf")
     fast = transformers.PreTrainedTokenizerFast(
@@ -219,8 +223,7 @@ def test_layernorm_gamma_and_beta_names_load(tmp_path) -> None:  # type: ignore[
 
     from aiayn.interop.hf_folder import load_hf_folder
 
-    torch.manual_seed(0)
-    hf = transformers.BertForMaskedLM(bert_config()).eval()
+    hf = bert()
     folder = tmp_path / "tf-names"
     folder.mkdir()
     hf.config.save_pretrained(folder)
@@ -245,8 +248,7 @@ def test_truncated_texts_keep_their_sep_as_hf_truncates(tmp_path) -> None:  # ty
     from aiayn.generate.encoder import sentence_embeddings
     from aiayn.interop.hf_folder import load_checkpoint
 
-    torch.manual_seed(0)
-    hf = transformers.BertModel(bert_config(max_position_embeddings=12)).eval()
+    hf = bert("BertModel", max_position_embeddings=12)
     hf.save_pretrained(tmp_path / "hf")
     wordpiece(tmp_path / "hf")
     bundle = load_checkpoint(tmp_path / "hf")

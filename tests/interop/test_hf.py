@@ -12,10 +12,10 @@ import torch
 from torch import Tensor, nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip("transformers")
+import transformers
 
-from aiayn.config import ModelConfig  # noqa: E402
-from aiayn.interop.hf import (  # noqa: E402
+from aiayn.config import ModelConfig
+from aiayn.interop.hf import (
     config_from_gpt2,
     config_from_llama,
     from_hf,
@@ -26,7 +26,8 @@ from aiayn.interop.hf import (  # noqa: E402
     to_hf_mistral,
     to_hf_qwen2,
 )
-from aiayn.models.decoder import DecoderLM  # noqa: E402
+from aiayn.models.decoder import DecoderLM
+from tests.interop.weights import assert_same_state, perturb
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB = 101
@@ -44,7 +45,10 @@ def gpt2(attn: str = "eager", **overrides: object) -> nn.Module:
     )  # fmt: skip
     kwargs.update(overrides)
     config = transformers.GPT2Config(**kwargs, attn_implementation=attn)
-    return transformers.GPT2LMHeadModel(config).eval()
+    model = transformers.GPT2LMHeadModel(config).eval()
+    # HF initialises ln_1, ln_2, ln_f to (1, 0) and every bias to 0: moved, as are the token
+    # and position embeddings, so that a swapped norm or a dropped bias changes the logits.
+    return perturb(model, ("ln_", "wte", "wpe"))
 
 
 def llama(
@@ -187,6 +191,7 @@ def test_gpt2_round_trip() -> None:
     hf = gpt2()
     back = to_hf_gpt2(from_hf_gpt2(hf), attn_implementation="eager").eval()
     assert back.lm_head.weight is back.transformer.wte.weight
+    assert_same_state(back.state_dict(), hf.state_dict(), "HF -> aiayn -> HF")
     ids = torch.randint(0, VOCAB, (2, 16))
     torch.testing.assert_close(hf_logits(back, ids), hf_logits(hf, ids), **TOL)
 
@@ -229,6 +234,7 @@ def test_llama_round_trip(attn: str, theta: float, tied: bool) -> None:
     hf = llama(attn, theta, tied)
     back = to_hf_llama(from_hf_llama(hf), attn_implementation=attn).eval()
     assert back.config.tie_word_embeddings == tied
+    assert_same_state(back.state_dict(), hf.state_dict(), "HF -> aiayn -> HF")
     ids = torch.randint(0, VOCAB, (2, 16))
     torch.testing.assert_close(hf_logits(back, ids), hf_logits(hf, ids), **TOL)
 
@@ -358,5 +364,4 @@ def test_mixtral_routing_logits_and_cache_match(
     torch.testing.assert_close(ours_logits(ours, ids), expected, **TOL)
     torch.testing.assert_close(incremental(ours, ids), expected, **TOL)
     back = to_hf_mixtral(ours).eval()
-    for (name, a), (_, b) in zip(back.state_dict().items(), hf.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
+    assert_same_state(back.state_dict(), hf.state_dict(), "HF -> aiayn -> HF")

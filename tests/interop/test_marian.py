@@ -11,10 +11,11 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip("transformers")
+import transformers
 
-from aiayn.interop.marian import from_hf_marian, to_hf_marian  # noqa: E402
-from aiayn.models.encoder_decoder import EncoderDecoder  # noqa: E402
+from aiayn.interop.marian import from_hf_marian, to_hf_marian
+from aiayn.models.encoder_decoder import EncoderDecoder
+from tests.interop.weights import assert_same_state
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 M = TypeVar("M", bound=torch.nn.Module)
@@ -74,8 +75,7 @@ def test_logits_and_cached_decoding_equal_hf(overrides: dict) -> None:
         steps += [ours.decode(tgt[:, i : i + 1], None, cache=cache) for i in range(1, tgt.shape[1])]
     torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
     back = to_hf_marian(ours).eval()
-    for (name, a), (_, b) in zip(back.state_dict().items(), hf.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
+    assert_same_state(back.state_dict(), hf.state_dict(), "HF -> aiayn -> HF")
 
 
 def test_greedy_translation_equals_hf_generate() -> None:
@@ -145,8 +145,9 @@ def test_marian_folders_with_and_without_position_tables(tmp_path) -> None:  # t
 def _marian_folder(folder, vocab_size: int = 80):  # type: ignore[no-untyped-def]
     """An OPUS-MT-style folder: config, weights, source.spm, target.spm and vocab.json (the
     pieces of both models, then </s>, <unk>, <pad> where HF's MarianTokenizer expects them)."""
-    spm = pytest.importorskip("sentencepiece")
     import json
+
+    import sentencepiece as spm
 
     src_text = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball im Park."] * 40
     tgt_text = ["A dog runs across the meadow.", "Two men play football in the park."] * 40
@@ -184,7 +185,6 @@ def _their_tokenizer(folder):  # type: ignore[no-untyped-def]
 def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Marian's tokenizer (two SentencePiece models, one vocabulary) gives HF's MarianTokenizer
     ids and text; `translate` (greedy) on the folder gives HF generate's translation."""
-    pytest.importorskip("sentencepiece")
     from aiayn.data.tokenizer import MarianTokenizer, load_tokenizer
     from aiayn.generate.translate import translate
     from aiayn.interop.hf_folder import load_checkpoint
@@ -216,7 +216,6 @@ def test_attention_views_frame_marian_pairs_as_hf_trains_them(tmp_path) -> None:
     """The attention pictures and the explorer feed a Marian model what HF's training feeds it:
     the source with its </s>, and the decoder input <pad> + the target cut by the *target*
     SentencePiece model (HF's labels shifted right)."""
-    pytest.importorskip("sentencepiece")
     from aiayn.inspect.attention_maps import as_trained, attention_maps, encode
     from aiayn.interop.hf_folder import load_checkpoint
 
