@@ -15,7 +15,9 @@ from aiayn.config import presets
 from aiayn.data.files import data_dir, read_text, split_lines
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
+from aiayn.generate.sampling import SamplingConfig
 from aiayn.inspect.summary import summarize
+from aiayn.interop.generation_config import GenerationIds, generation_of
 from aiayn.interop.hf_folder import load_checkpoint
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, build_model
 from aiayn.train.loop import FitResult
@@ -188,12 +190,19 @@ def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from aiayn.generate.encoder import sentence_embeddings
+    from aiayn.interop.sentence_transformers import read_pooling
 
     model, tokenizer = _load_encoder(args.checkpoint, _device(args))
+    pooling = read_pooling(args.checkpoint)  # a sentence-transformers folder's own recipe
     source = read_text(args.file) if args.file else sys.stdin.read()
     lines = split_lines(source)
     vectors = sentence_embeddings(
-        model, tokenizer, lines, batch_size=args.batch_size, truncate=args.truncate
+        model,
+        tokenizer,
+        lines,
+        batch_size=args.batch_size,
+        pooling=pooling,
+        truncate=args.truncate,
     ).numpy()
     if args.out and args.out.endswith(".npy"):
         np.save(args.out, vectors)
@@ -429,7 +438,13 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         except BaseException:
             write_report(sweep, collect(sweep, out), out)  # what finished, before stopping
             raise
-    for path in write_report(sweep, collect(sweep, out), out):
+    results = collect(sweep, out)
+    if args.report_only and not results:
+        raise ValueError(
+            f"nothing to report in {out}: no variant of {args.sweep} has finished there"
+            " (run the sweep without --report-only, or give its --out)"
+        )
+    for path in write_report(sweep, results, out):
         print(f"wrote {path}")
     print((out / "table.md").read_text())
     return 0
@@ -534,7 +549,11 @@ def cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_lm(path: str, device: torch.device | None = None) -> tuple[DecoderLM, Tokenizer]:
+def _load_lm(
+    path: str, device: torch.device | None = None
+) -> tuple[DecoderLM, Tokenizer, GenerationIds]:
+    """A decoder-only model, its tokenizer and its BOS / PAD / EOS ids (generation_config.json
+    of a Hugging Face folder; none for a model aiayn trained)."""
     from aiayn.device import for_inference
 
     bundle = load_checkpoint(path)
@@ -545,41 +564,92 @@ def _load_lm(path: str, device: torch.device | None = None) -> tuple[DecoderLM, 
         raise ValueError(
             f"{path} holds a {type(model).__name__}, not a decoder-only language model"
         )
-    return model.eval(), tokenizer
+    return model.eval(), tokenizer, generation_of(bundle.run)
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from aiayn.generate import SamplingConfig, generate
-
-    model, tokenizer = _load_lm(args.checkpoint, _device(args))
-    sampling = SamplingConfig(
+def _sampling(args: argparse.Namespace) -> SamplingConfig:
+    return SamplingConfig(
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
     )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Continue a prompt, streaming whole characters; stop at the checkpoint's EOS ids
+    (unless --ignore-eos), which are not printed."""
+    from aiayn.generate import generate
+    from aiayn.generate.text import TextStream
+
+    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args))
+    eos = () if args.ignore_eos else ids.eos
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one character")
     sys.stdout.write(args.prompt)
+    text = TextStream(tokenizer.decode, prompt_ids)
 
     def show(token: torch.Tensor) -> None:
-        sys.stdout.write(tokenizer.decode([int(token[0])]))
-        sys.stdout.flush()
+        if int(token[0]) not in eos:
+            sys.stdout.write(text.add(int(token[0])))
+            sys.stdout.flush()
 
     generate(
         model,
         [prompt_ids],
         max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
+        sampling=_sampling(args),
         seed=args.seed,
+        eos_id=eos,
         stop=args.stop or (),
         decode=tokenizer.decode,
         truncate=args.truncate,
         on_token=show,
     )
-    sys.stdout.write("\n")
+    sys.stdout.write(text.rest() + "\n")
     return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """An interactive chat in the terminal: one line per user message, the reply streamed.
+    ``/reset`` starts again, ``/exit`` (or end of input) leaves."""
+    from aiayn.generate.chat import Chat
+
+    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args))
+    if not isinstance(tokenizer, BPETokenizer):
+        raise ValueError(
+            f"{args.checkpoint}: a chat needs a Hugging Face tokenizer with a template"
+        )
+    chat = Chat(
+        model,
+        tokenizer,
+        ids,
+        sampling=_sampling(args),
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        system=args.system,
+    )
+    prompt = "you> " if sys.stdin.isatty() else ""
+    while True:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            return 0
+        if line.strip() == "/reset":
+            chat.reset()
+            continue
+        if not line.strip():
+            continue
+        sys.stdout.write("assistant> " if prompt else "")
+        try:
+            for piece in chat.reply(line.rstrip("\n")):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except ValueError as err:  # the conversation outgrew the model: say so, go on
+            sys.stdout.write(f"[{err}]")
+        sys.stdout.write("\n")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -743,8 +813,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", help="stop once this text appears (repeatable)")
     p.add_argument("--truncate", action="store_true", help="keep the end of an over-long prompt")
+    p.add_argument(
+        "--ignore-eos", action="store_true", help="go on past the checkpoint's end-of-text ids"
+    )
     _add_device(p)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="talk to a chat model in the terminal (its chat template)")
+    p.add_argument("--checkpoint", required=True, help="a folder with a chat_template")
+    p.add_argument("--system", default=None, help="a system message opening the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    _add_device(p)
+    p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("evaluate", help="validation loss, perplexity and bits per character")
     p.add_argument("--checkpoint", required=True)
@@ -859,7 +944,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(p)
     p.set_defaults(func=cmd_explore)
 
-    p = sub.add_parser("embed", help="sentence embeddings from an encoder (BERT): mean-pooled")
+    p = sub.add_parser(
+        "embed", help="sentence embeddings from an encoder (BERT), pooled as the folder says"
+    )
     p.add_argument("--checkpoint", required=True, help="an aiayn or Hugging Face BERT folder")
     p.add_argument("--file", default=None, help="one text per line (default: stdin)")
     p.add_argument("--out", default=None, help="PATH.npy, or JSON lines (default: stdout)")

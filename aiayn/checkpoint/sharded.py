@@ -91,6 +91,11 @@ def _load(folder: Path, state: dict[str, Any], *, no_dist: bool) -> None:
     try:
         with _quiet_single_process():
             dcp.load(state, checkpoint_id=folder / SHARDED_DIR, no_dist=no_dist)
+    except dcp.CheckpointException as err:  # a BaseException, each rank's error and traceback
+        reasons = "; ".join(f"{type(e).__name__}: {e}" for e, _ in err.failures.values())
+        raise ValueError(
+            f"cannot load the sharded checkpoint {folder / SHARDED_DIR}: {reasons}"
+        ) from err
     except Exception as err:  # a missing or damaged shard, or tensors the model lacks
         raise ValueError(
             f"cannot load the sharded checkpoint {folder / SHARDED_DIR}: {err}"

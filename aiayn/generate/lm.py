@@ -31,6 +31,16 @@ from aiayn.nn.linear import on_gemv, packed_for_rows
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
 
 
+def _eos_ids(eos_id: int | Sequence[int] | None) -> tuple[int, ...]:
+    """``eos_id`` as a tuple of ids (empty: generation never ends early)."""
+    if eos_id is None:
+        return ()
+    eos = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+    if not all(isinstance(e, int) and e >= 0 for e in eos):
+        raise ValueError(f"eos_id={eos_id!r} should be a token id or a list of token ids")
+    return eos
+
+
 def _prepare(
     prompts: Sequence[Sequence[int]], max_new_tokens: int, max_len: int, truncate: bool
 ) -> list[list[int]]:
@@ -65,10 +75,12 @@ def stream(
     max_new_tokens: int,
     sampling: SamplingConfig = DEFAULT_SAMPLING,
     seed: int | None = None,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     truncate: bool = False,
 ) -> Iterator[Tensor]:
-    """Yield (B,) next tokens, one step at a time.  Stops early once all have emitted ``eos_id``.
+    """Yield (B,) next tokens, one step at a time.  Stops early once every row has emitted
+    ``eos_id`` (or any of several: a chat model's end-of-turn and end-of-text tokens); a row
+    that has ended repeats its first ``eos_id``.
 
     Beyond the model's ``max_len`` the context slides: once a row's context would exceed
     ``max_len``, its oldest tokens are dropped and its last ``max_len - 1`` are re-read (as
@@ -79,6 +91,8 @@ def stream(
     cfg = model.config
     rows = _prepare(prompts, max_new_tokens, cfg.max_len, truncate)
     device = model.head.weight.device
+    eos = _eos_ids(eos_id)
+    stop_ids = torch.tensor(eos, dtype=torch.long, device=device)  # (E,)
     b, p = len(rows), max(len(r) for r in rows)
     ids = torch.zeros(b, p, dtype=torch.long, device=device)
     real = torch.zeros(b, p, dtype=torch.bool, device=device)
@@ -117,11 +131,11 @@ def stream(
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
             nxt = choose_next(logits, sampling, seen=seen, generator=generator)  # (B,)
-            if eos_id is not None:
-                nxt = nxt.masked_fill(finished, eos_id)
-                finished |= nxt == eos_id
+            if eos:
+                nxt = nxt.masked_fill(finished, eos[0])
+                finished |= torch.isin(nxt, stop_ids)
             yield nxt
-            if (eos_id is not None and bool(finished.all())) or step == max_new_tokens - 1:
+            if (eos and bool(finished.all())) or step == max_new_tokens - 1:
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
@@ -158,7 +172,7 @@ def generate(
     max_new_tokens: int,
     sampling: SamplingConfig = DEFAULT_SAMPLING,
     seed: int | None = None,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     stop: Sequence[str] = (),
     decode: Callable[[list[int]], str] | None = None,
     truncate: bool = False,
@@ -166,12 +180,13 @@ def generate(
 ) -> list[list[int]]:
     """New tokens for each prompt (prompt not included).
 
-    Generation of a sequence ends at ``eos_id`` (kept) or when its decoded text contains one of
-    the ``stop`` strings (the tokens up to and including the one completing it are kept; the
-    caller trims the text), or after ``max_new_tokens``.
+    Generation of a sequence ends at ``eos_id`` (kept; any of them, if several) or when its
+    decoded text contains one of the ``stop`` strings (the tokens up to and including the one
+    completing it are kept; the caller trims the text), or after ``max_new_tokens``.
     """
     if stop and decode is None:
         raise ValueError("stop strings need decode= (a function from token ids to text)")
+    eos = set(_eos_ids(eos_id))
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     for nxt in stream(
@@ -189,7 +204,7 @@ def generate(
             if done[i]:
                 continue
             out[i].append(token)
-            if eos_id is not None and token == eos_id:
+            if token in eos:
                 done[i] = True
             elif stop and decode is not None:
                 tail = decode(out[i][-64:])

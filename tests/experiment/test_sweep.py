@@ -292,3 +292,34 @@ def test_a_killed_invocation_counts_up_to_its_last_checkpoint(
     timing = json.loads((folder / "timing.json").read_text())
     assert timing[1] == pytest.approx(100.0, abs=0.01)
     assert not (folder / OPEN_FILE).exists()
+
+
+def test_only_runs_the_named_variants_and_report_only_trains_nothing(
+    setup: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``aiayn experiment --only NAME`` trains that variant alone; ``--report-only`` writes the
+    report of what is done and trains nothing, and with nothing done says so (exit 2)."""
+    data, path = setup
+    path.write_text(SWEEP.replace("beam = 2", "beam = 0\ntest = false\nval_limit = 1"))  # quick
+    out = tmp_path / "out"
+    base = ["experiment", str(path), "--out", str(out), "--data", str(data), "--quiet"]
+    assert main([*base, "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert f"nothing to report in {out}: no variant of {path} has finished there" in err
+    assert main([*base, "--only", "A-h1"]) == 0
+    assert [r["name"] for r in collect(load_sweep(path), out)] == ["A-h1"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["A-h1"]  # nothing else began
+    capsys.readouterr()
+    # --report-only: the report rewritten from what is done, no training, no new folder.
+    (out / "table.md").unlink()
+    files = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
+    assert main([*base, "--report-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 variants" not in printed and f"wrote {out / 'table.md'}" in printed
+    assert "| A | A-h1 |" in (out / "table.md").read_text()
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()} == files
+    # A name the sweep does not have is named, with those it has.
+    assert main([*base, "--only", "A-h2"]) == 2
+    assert (
+        "no variant 'A-h2' in the sweep; it has base, A-h1, X-additive" in capsys.readouterr().err
+    )
