@@ -4,6 +4,7 @@ processes matching one process, and a sharded run resumed on another number of p
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,18 @@ def test_autocast_training_learns_and_keeps_fp32_weights(
     assert bool(state.scaler) == (dtype == "float16")  # the scaler's state is checkpointed
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick for port 0), for
+    torchrun's --master_port: a fixed port fails when another run or test holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def torchrun(
     n: int, root: Path, cfg: Path, out: str, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(29700 + n),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(free_port()),
            "-m", "aiayn", "train", str(cfg), "--out", str(root / out), "--data", str(root), *extra]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)

@@ -167,6 +167,8 @@ def test_two_torchrun_processes_match_one_process(
     import subprocess
     import sys
 
+    from tests.train.test_parallel import free_port
+
     data, cfg = corpus
     common = [
         "--data",
@@ -189,7 +191,7 @@ def test_two_torchrun_processes_match_one_process(
         "train.grad_accum=2",
     ]
     two = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29617",
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         "-m", "aiayn", "train", str(cfg), "--out", str(tmp_path / "two"), *common, "train.grad_accum=1",
     ]  # fmt: skip
     for cmd in (one, two):
