@@ -31,9 +31,30 @@ def test_attention_has_one_row_per_token_and_follows_the_controls(client):
     assert all(w is not None for w in open_["weights"][0]) and open_["weights"][0][5] > 0
 
 
-def test_encoder_decoder_streams_and_translation(client):
-    status, out = client.request("/api/translate", {"model": "tiny-mt", "text": "ein hund"})
-    assert status == 200 and isinstance(out["translation"], str)
+def test_encoder_decoder_streams_and_translation(client, registry):
+    """The translation is the library's: translate() with the paper's beam settings on the
+    same checkpoint, loaded afresh from its folder, gives the same text, for the default beam
+    of 4 and for a beam of 1 (the untrained model's texts are noise, but noise that differs
+    between the two beams on this sentence, so that a beam setting lost on the way shows)."""
+    import dataclasses
+
+    from aiayn.checkpoint import load_bundle
+    from aiayn.data.tokenizer import BPETokenizer
+    from aiayn.generate.beam import PAPER_BEAM
+    from aiayn.generate.translate import translate
+    from aiayn.models import EncoderDecoder
+
+    bundle = load_bundle(registry.entries["tiny-mt"].directory)
+    assert isinstance(bundle.model, EncoderDecoder) and isinstance(bundle.tokenizer, BPETokenizer)
+    text, got = "hund katzen", {}
+    for beam in (4, 1):
+        extra = {} if beam == 4 else {"beam_size": beam}  # 4: the default
+        status, out = client.request("/api/translate", {"model": "tiny-mt", "text": text, **extra})
+        config = dataclasses.replace(PAPER_BEAM, beam_size=beam)
+        want = translate(bundle.model.eval(), bundle.tokenizer, [text], beam=config)[0]
+        assert status == 200 and out == {"source": text, "translation": want}, beam
+        got[beam] = want
+    assert got[4] != got[1] and got[1], got
     body = {"model": "tiny-mt", "text": "ein hund", "target": "a dog", "stream": "cross"}
     status, view = client.request("/api/attention", body)
     assert status == 200 and view["streams"] == ["encoder", "decoder", "cross"]
@@ -334,11 +355,11 @@ def test_the_calculator_counts_recurrent_layers(client):
 def test_a_hugging_face_bert_folder_shows_its_heads(tmp_path):
     """An HF BERT folder (config.json, safetensors, WordPiece tokenizer.json) is offered as it
     is: its attention rows are its own tokens ([CLS] ... [SEP]), both ways, every head."""
-    transformers = pytest.importorskip("transformers")
     import torch
+    import transformers
 
     from aiayn.explore.registry import Registry
-    from tests.interop.test_bert import bert_config, wordpiece
+    from tests.interop.support import bert_config, wordpiece
 
     torch.manual_seed(0)
     transformers.BertForMaskedLM(bert_config()).save_pretrained(tmp_path / "bert")

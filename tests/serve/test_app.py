@@ -7,9 +7,10 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx2 as httpx
 import openai
@@ -26,7 +27,9 @@ from aiayn.generate.beam import BeamConfig
 from aiayn.generate.translate import translate
 from aiayn.models import DecoderLM, EncoderDecoder
 from aiayn.serve.app import create_app
-from aiayn.serve.engine import QueueFull
+from aiayn.serve.engine import Engine, QueueFull
+from aiayn.serve.engine import Request as EngineRequest
+from tests.serve.kinds import sharpen, tiny_lm
 
 TEXT = "the quick brown fox jumps over the lazy dog. "
 GREEDY = SamplingConfig(temperature=0)
@@ -72,6 +75,54 @@ def served(app: FastAPI) -> Iterator[str]:
 
 def metrics(text: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(r"^aiayn_(\w+) (\S+)$", text, re.M)}
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Wait for ``condition`` (polled); fail with ``what`` if it has not held in ``timeout``
+    seconds.  The timeout only bounds a hang: no result depends on how fast the host is."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+class Pause:
+    """Holds ``engine`` before each decoding step while a request is running, until
+    :meth:`release`: while held, no request makes a token, so a test knows exactly how many
+    each has made.  ``requests`` are the engine requests submitted, in order."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.requests: list[EngineRequest] = []
+        self.held, self.released = threading.Event(), threading.Event()
+        submit, step = engine.submit, engine._decode_step
+
+        def recorded(request: EngineRequest) -> None:
+            self.requests.append(request)
+            submit(request)
+
+        def held_step() -> None:
+            if engine.running and not self.released.is_set():
+                self.held.set()
+                while not self.released.wait(0.01) and not engine.stopping:
+                    pass  # a stopping engine is never held (the server shuts down)
+            step()
+
+        engine.submit = recorded  # type: ignore[method-assign]
+        engine._decode_step = held_step  # type: ignore[method-assign]
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def mt_and_tokenizer() -> tuple[EncoderDecoder, BPETokenizer, list[str]]:
+    """A 1-layer untrained translation model, its BPE tokenizer and four source lines."""
+    lines = ["ein hund läuft", "zwei katzen schlafen", "ein mann liest", "der hund schläft"]
+    tok = BPETokenizer.from_lines(lines * 4, vocab_size=300)
+    torch.manual_seed(0)
+    m = aiayn.build_model("paper-base", n_layers=1, d_model=32, n_heads=4, d_ff=64,
+                          vocab_size=tok.vocab_size, max_len=32, dropout=0.0)  # fmt: skip
+    assert isinstance(m, EncoderDecoder)
+    return m.eval(), tok, lines
 
 
 def test_completion_equals_offline_generate_and_streams_the_same_text() -> None:
@@ -210,7 +261,7 @@ def test_health_and_metrics_count_what_happened() -> None:
         assert "# TYPE aiayn_requests_total counter" in r.text
 
 
-def test_the_openai_client_with_eight_concurrent_requests_and_a_cancelled_stream() -> None:
+def test_the_openai_client_with_eight_concurrent_requests_and_streams() -> None:
     m, tok = lm_and_tokenizer()
     app = create_app(m, tok, name="tiny", max_batch=4)
     prompts = [TEXT[i : i + 1 + 3 * i] for i in range(8)]
@@ -242,20 +293,96 @@ def test_the_openai_client_with_eight_concurrent_requests_and_a_cancelled_stream
         with pytest.raises(openai.BadRequestError, match="at most"):
             api.completions.create(model="tiny", prompt="a", max_tokens=500)
 
-        # A client that leaves mid-stream: its row is freed, and the count says cancelled.
-        with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
-                          json={"prompt": "a", "max_tokens": 90, "stream": True}) as s:  # fmt: skip
-            for line in s.iter_lines():
-                if line.startswith("data: {"):
-                    break
-        deadline = time.monotonic() + 30
-        while True:
-            got = metrics(httpx.get(f"{url}/metrics").text)
-            if got["requests_finished_cancelled_total"] == 1:
-                break
-            assert time.monotonic() < deadline, got
-            time.sleep(0.05)
-        assert got["cache_slots_in_use"] == 0 and got["tokens_generated_total"] < 8 * 26 + 12 + 90
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation_at_once() -> None:
+    """The claim, in tokens: a streaming client that disconnects after its first token gets
+    no further token made for it.  The engine is held after that token (:class:`Pause`), so
+    the count does not depend on the host's speed: the server notices the closed connection
+    with no token in flight, and the engine, released, frees the row before its next step --
+    1 token made of the 90 asked for, the row free, the count "cancelled"."""
+    m, tok = lm_and_tokenizer()
+    app = create_app(m, tok, name="tiny", max_batch=2)
+    pause = Pause(app.state.engine)
+    with served(app) as url:
+        body = {"prompt": "a", "max_tokens": 90, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as s:
+            first = next(line for line in s.iter_lines() if line.startswith("data: {"))
+        # The client has gone (its connection closed), having read one token.
+        wait_until(pause.held.is_set, "the engine never reached its next decoding step")
+        (leaving,) = pause.requests
+        assert len(leaving.tokens) == 1 and json.loads(first[6:])["choices"][0]["text"] == (
+            tok.decode(leaving.tokens)
+        )
+        wait_until(lambda: leaving.cancelled, "the server did not notice the client leave")
+        pause.release()
+        wait_until(lambda: leaving.finish_reason is not None, "the request never finished")
+        got = metrics(httpx.get(f"{url}/metrics").text)
+    assert leaving.finish_reason == "cancelled", leaving.finish_reason
+    assert len(leaving.tokens) == 1, f"{len(leaving.tokens)} tokens made for a client gone"
+    assert got["tokens_generated_total"] == 1 and got["requests_finished_cancelled_total"] == 1
+    assert got["cache_slots_in_use"] == 0 and got["running_batch_size"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "batching"),
+    [("rope", True), ("alibi", True), ("gqa-llama", True), ("rope", False)],
+    ids=["rope", "alibi", "gqa-llama", "rope-no-batching"],
+)
+def test_each_model_kind_served_over_http_equals_offline_generate(
+    kind: str, batching: bool
+) -> None:
+    """RoPE, ALiBi and grouped-query (Llama-style) models, batched and one request at a time
+    (``--no-batching``), over a real socket: five concurrent requests -- greedy, seeded
+    sampling, streamed -- each get the tokens offline generate() gives.  The requests are all
+    queued, in order, before the engine starts, so they share the same decoding steps whatever
+    the host's speed."""
+    tok = CharTokenizer.from_text(TEXT)
+    m = sharpen(tiny_lm(kind, tok.vocab_size, max_len=96))  # position-sensitive (kinds.py)
+    app = create_app(m, tok, name="tiny", max_batch=3, batching=batching, start_engine=False)
+    engine: Engine = app.state.engine
+    rows: list[int] = []
+    step = engine._decode_step
+
+    def counted() -> None:  # the rows of each decoding step
+        if engine.running:
+            rows.append(len(engine.running))
+        step()
+
+    engine._decode_step = counted  # type: ignore[method-assign]
+    sampled = SamplingConfig(temperature=0.9, top_k=4)
+    cases = [  # (prompt, max_tokens, sampling, seed, stream)
+        (TEXT[:1], 12, GREEDY, None, False), (TEXT[4:19], 9, GREEDY, None, False),
+        (TEXT[10:16], 15, sampled, 5, False), (TEXT[20:40], 7, GREEDY, None, True),
+        (TEXT[2:5], 11, GREEDY, None, False),
+    ]  # fmt: skip
+
+    def complete(url: str, case: tuple[str, int, SamplingConfig, int | None, bool]) -> str:
+        prompt, n, sampling, seed, stream = case
+        body = {"prompt": prompt, "max_tokens": n, "temperature": sampling.temperature,
+                "top_k": sampling.top_k, "seed": seed, "stream": stream}  # fmt: skip
+        if not stream:
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return str(r.json()["choices"][0]["text"])
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as s:
+            lines = [line[6:] for line in s.iter_lines() if line.startswith("data: {")]
+        return "".join(json.loads(line)["choices"][0]["text"] for line in lines)
+
+    try:
+        with served(app) as url, ThreadPoolExecutor(len(cases)) as pool:
+            futures = []
+            for i, case in enumerate(cases):  # queued in this order: rows 0, 1, 2 as listed
+                futures.append(pool.submit(complete, url, case))
+                wait_until(lambda: engine.stats["requests"] == i + 1, f"request {i} not queued")  # noqa: B023
+            engine.start()
+            texts = [f.result() for f in futures]
+    finally:
+        engine.stop()
+    for i, ((prompt, n, sampling, seed, _), text) in enumerate(zip(cases, texts, strict=True)):
+        want = generate(m, [tok.encode(prompt)], max_new_tokens=n, sampling=sampling, seed=seed)
+        assert text == tok.decode(want[0]), f"request {i} ({kind})"
+    # Each step decodes (n, 1) ids: several rows at once when batching, one row without.
+    assert (1 < max(rows) <= 3) if batching else set(rows) == {1}, rows
 
 
 def test_a_client_that_leaves_a_non_streaming_request_frees_its_row() -> None:
@@ -282,13 +409,8 @@ def test_a_client_that_leaves_a_non_streaming_request_frees_its_row() -> None:
 
 
 def test_translation_endpoint_equals_translate() -> None:
-    lines = ["ein hund läuft", "zwei katzen schlafen", "ein mann liest", "der hund schläft"]
-    tok = BPETokenizer.from_lines(lines * 4, vocab_size=300)
-    torch.manual_seed(0)
-    m = aiayn.build_model("paper-base", n_layers=1, d_model=32, n_heads=4, d_ff=64,
-                          vocab_size=tok.vocab_size, max_len=32, dropout=0.0)  # fmt: skip
-    assert isinstance(m, EncoderDecoder)
-    with TestClient(create_app(m.eval(), tok, name="mt")) as c:
+    m, tok, lines = mt_and_tokenizer()
+    with TestClient(create_app(m, tok, name="mt")) as c:
         r = c.post("/v1/translate", json={"text": lines[:2], "beam": 3})
         assert r.status_code == 200, r.text
         assert r.json()["translations"] == translate(m, tok, lines[:2], beam=BeamConfig(3))
@@ -304,27 +426,50 @@ def test_translation_endpoint_equals_translate() -> None:
         assert got["requests_rejected_total"] == 0
 
 
-@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
-def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(tmp_path, stop: str) -> None:  # type: ignore[no-untyped-def]
-    """`aiayn serve` in a process of its own: health, an exact completion, metrics, and a
-    clean exit on SIGTERM or Ctrl-C (SIGINT: unless this test runs where SIGINT is ignored,
-    as in a shell's background job, which the server inherits)."""
+# `python -m aiayn` with Ctrl-C's ordinary handler: a process started where SIGINT is ignored
+# (a shell's background job, some CI runners) passes that on, and Python then installs no
+# KeyboardInterrupt handler; a terminal's Ctrl-C always finds one.
+AIAYN_WITH_CTRL_C = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " from aiayn.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "stop", "flags"),
+    [("lm", "SIGTERM", []), ("lm", "SIGINT", ["--no-batching"]), ("mt", "SIGTERM", [])],
+    ids=["lm-SIGTERM", "lm-SIGINT-no-batching", "translation-SIGTERM"],
+)
+def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(
+    tmp_path: Path, kind: str, stop: str, flags: list[str]
+) -> None:
+    """`aiayn serve` in a process of its own: health, metrics, an exact completion (a language
+    model, batched or ``--no-batching``) or exact translations (an encoder-decoder:
+    ``/v1/translate`` equals translate() on the same checkpoint, loaded from its folder), and
+    a clean exit on SIGTERM or Ctrl-C (SIGINT).  The process is killed if the test fails."""
     import signal
     import socket
     import subprocess
     import sys
 
-    from aiayn.checkpoint import save
+    from aiayn.checkpoint import load_bundle, save
     from aiayn.checkpoint.bundle import TOKENIZER_FILE
 
-    m, tok = lm_and_tokenizer()
-    save(m, tmp_path / "run" / "checkpoint")
-    tok.save(tmp_path / "run" / "checkpoint" / TOKENIZER_FILE)
+    folder = tmp_path / "run" / "checkpoint"
+    if kind == "lm":
+        m, tok = lm_and_tokenizer()
+        save(m, folder)
+    else:
+        mt, bpe, lines = mt_and_tokenizer()
+        save(mt, folder)
+        tok = bpe  # type: ignore[assignment]
+    tok.save(folder / TOKENIZER_FILE)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(tmp_path / "run" / "checkpoint"),
-           "--port", str(port), "--max-batch", "2", "--log-level", "warning"]  # fmt: skip
+    launch = ["-c", AIAYN_WITH_CTRL_C] if stop == "SIGINT" else ["-m", "aiayn"]
+    cmd = [sys.executable, *launch, "serve", "--checkpoint", str(folder), "--port", str(port),
+           "--max-batch", "2", "--log-level", "warning", *flags]  # fmt: skip
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -337,21 +482,83 @@ def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(tmp_path, s
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
                 time.sleep(0.1)
         assert health["model"] == "run" and health["status"] == "ok"
-        body = {"prompt": "the", "max_tokens": 6, "temperature": 0}
-        r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
-        assert r.json()["choices"][0]["text"] == offline(m, tok, "the", 6)
-        assert metrics(httpx.get(f"{url}/metrics").text)["cache_slots_total"] == 2
-    finally:
-        if stop == "SIGINT" and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-            proc.terminate()
-            proc.wait(30)
-            pytest.skip("SIGINT is ignored here (a background job): the server inherits that")
+        if kind == "lm":
+            body = {"prompt": "the", "max_tokens": 6, "temperature": 0}
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+            assert r.json()["choices"][0]["text"] == offline(m, tok, "the", 6)
+            slots = 1 if "--no-batching" in flags else 2
+            assert metrics(httpx.get(f"{url}/metrics").text)["cache_slots_total"] == slots
+        else:
+            assert health["kind"] == "EncoderDecoder"
+            bundle = load_bundle(folder)
+            assert isinstance(bundle.model, EncoderDecoder)
+            assert isinstance(bundle.tokenizer, BPETokenizer)
+            r = httpx.post(f"{url}/v1/translate", json={"text": lines[:3], "beam": 3}, timeout=60)
+            want = translate(bundle.model.eval(), bundle.tokenizer, lines[:3], beam=BeamConfig(3))
+            assert r.status_code == 200 and r.json() == {"model": "run", "translations": want}
+            got = metrics(httpx.get(f"{url}/metrics").text)
+            assert got["requests_total"] == 1 and got["lines_translated_total"] == 3
         proc.send_signal(getattr(signal, stop))
         assert proc.wait(30) == 0
         log = proc.stderr.read()  # type: ignore[union-attr]
         # An ordinary stop is not an error: no traceback (a forced exit cancelled the app's
         # lifespan and uvicorn logged one).
         assert "aiayn serve: stopped" in log and "Traceback" not in log, log
+    finally:
+        if proc.poll() is None:  # the test failed: leave no server behind
+            proc.kill()
+            proc.wait(30)
+        proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_a_full_translation_queue_is_a_429(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_queue=1``: one translation runs, one waits, the next is refused with a 429 --
+    decided by the queue, not by timing: translate() is held until both are in (the metrics'
+    queue depth says 2).  The two then finish with what translate() gives."""
+    import aiayn.serve.app as app_module
+
+    m, tok, lines = mt_and_tokenizer()
+    release = threading.Event()
+
+    def held(*args: object, **kw: object) -> list[str]:
+        assert release.wait(60), "never released"
+        return translate(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(app_module, "translate", held)
+    app = create_app(m, tok, name="mt", max_queue=1)
+    bodies: list[dict[str, object]] = [
+        {"text": lines[:2], "beam": 2},
+        {"text": lines[3], "beam": 1},
+    ]
+    with served(app) as url, ThreadPoolExecutor(3) as pool:
+
+        def post(body: dict[str, object]) -> httpx.Response:
+            return httpx.post(f"{url}/v1/translate", json=body, timeout=60)
+
+        def depth() -> float:
+            return metrics(httpx.get(f"{url}/metrics").text)["queue_depth"]
+
+        try:
+            first = pool.submit(post, bodies[0])
+            second = pool.submit(post, bodies[1])
+            wait_until(lambda: depth() == 2, "the two translations did not both arrive")
+            third = pool.submit(post, {"text": "ein hund"})
+            # Answered at once, or queued as a third (a limit not kept): whichever comes first.
+            wait_until(lambda: third.done() or depth() == 3, "the third got no answer")
+            assert third.done(), "a third translation was queued beyond max_queue=1"
+            refused = third.result()
+            release.set()
+            answers = [first.result().json(), second.result().json()]
+            got = metrics(httpx.get(f"{url}/metrics").text)
+        finally:  # the held translations end, pass or fail
+            release.set()
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error" and "translations are queued" in error["message"]
+    assert answers[0]["translations"] == translate(m, tok, lines[:2], beam=BeamConfig(2))
+    assert answers[1]["translations"] == translate(m, tok, [lines[3]], beam=None)[0]
+    assert got["requests_rejected_total"] == 1 and got["requests_total"] == 2
+    assert got["lines_translated_total"] == 3 and got["queue_depth"] == 0
 
 
 def test_a_bpe_checkpoint_stops_at_its_end_of_text_token() -> None:

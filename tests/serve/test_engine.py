@@ -4,17 +4,16 @@ stop strings, cancellation, failures and limits behave."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
-import aiayn
 from aiayn.generate import SamplingConfig, generate
 from aiayn.models import DecoderLM
 from aiayn.serve.engine import Engine, Event, QueueFull, Request
+from tests.serve.kinds import sharpen, tiny_lm
 
-SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=26, max_len=64, dropout=0.0)
 GREEDY = SamplingConfig(temperature=0)
 
 
@@ -22,11 +21,44 @@ def decode(ids: list[int]) -> str:
     return "".join(chr(ord("a") + i) for i in ids)
 
 
-def lm() -> DecoderLM:
-    torch.manual_seed(0)
-    m = aiayn.build_model("gpt2-small", **SMALL)
-    assert isinstance(m, DecoderLM)
-    return m.eval()
+def lm(kind: str = "learned") -> DecoderLM:
+    """A 2-layer model of ``kind`` (tests/serve/kinds.py) over the 26 letters."""
+    return tiny_lm(kind, vocab_size=26)
+
+
+@pytest.fixture
+def engines() -> Iterator[Callable[..., Engine]]:
+    """``engines(model, **kw)`` builds an engine (not started); every one is stopped when the
+    test ends, whether it passed or not, so that no engine thread outlives its test."""
+    made: list[Engine] = []
+
+    def make(model: DecoderLM, **kw: object) -> Engine:
+        engine = Engine(model, decode, **kw)  # type: ignore[arg-type]
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.stop(wait=False)
+    for engine in made:
+        if engine.thread is not None:
+            engine.thread.join(30)
+            assert not engine.thread.is_alive(), "an engine thread did not stop"
+
+
+def widest_batch(engine: Engine) -> list[int]:
+    """Record, in the returned list, the number of rows of each of ``engine``'s decoding
+    steps (the turns of the loop with none running decode nothing)."""
+    rows: list[int] = []
+    step = engine._decode_step
+
+    def counted() -> None:
+        if engine.running:
+            rows.append(len(engine.running))
+        step()
+
+    engine._decode_step = counted  # type: ignore[method-assign]
+    return rows
 
 
 class Collector:
@@ -63,29 +95,52 @@ def prompts(n: int, seed: int = 1) -> list[list[int]]:
     return [torch.randint(0, 26, (k,), generator=g).tolist() for k in lengths]
 
 
-@pytest.mark.parametrize("max_batch", [3, 8])
-def test_eight_concurrent_greedy_requests_equal_offline_generate(max_batch: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "max_batch", "batching"),
+    [
+        ("learned", 3, True),
+        ("learned", 8, True),
+        ("rope", 3, True),
+        ("alibi", 3, True),
+        ("gqa-llama", 3, True),
+        ("rope", 3, False),
+    ],
+    ids=["learned-3", "learned-8", "rope-3", "alibi-3", "gqa-llama-3", "rope-no-batching"],
+)
+def test_eight_concurrent_greedy_requests_equal_offline_generate(
+    engines: Callable[..., Engine], kind: str, max_batch: int, batching: bool
+) -> None:
     """Rows join and leave the batch at different steps (lengths 1-29, 4-19 new tokens,
-    prompts prefilled in chunks of 7), and each request still gets the offline tokens."""
-    m = lm()
-    engine = Engine(m, decode, max_batch=max_batch, prefill_chunk=7).start()
+    prompts prefilled in chunks of 7), and each request still gets the offline tokens, for
+    every positional scheme, grouped-query attention, and one request at a time
+    (``batching=False``, ``aiayn serve --no-batching``).  The eight requests are queued before
+    the loop starts, so the batch is as wide as it may be, whatever the host's speed."""
+    m = sharpen(lm(kind))
+    engine = engines(m, max_batch=max_batch, prefill_chunk=7, batching=batching)
+    rows = widest_batch(engine)
     got = Collector()
     ps = prompts(8)
     requests = [Request(p, 4 + 2 * i, GREEDY, emit=got.sink(i)) for i, p in enumerate(ps)]
     for r in requests:
         engine.submit(r)
+    engine.start()
     got.wait()
     engine.stop()
     for i, (p, r) in enumerate(zip(ps, requests, strict=True)):
         want = generate(m, [p], max_new_tokens=4 + 2 * i, sampling=GREEDY)[0]
-        assert r.tokens == want, i
+        assert r.tokens == want, f"request {i} ({kind}): {r.tokens} != offline {want}"
         assert got.text(i) == decode(want) and r.finish_reason == "length"
-    assert engine.stats["finished_length"] == 8 and len(engine.free_rows) == max_batch
+    # Each step decodes (n, 1) ids: several rows at once when batching, one row without.
+    assert (1 < max(rows) <= max_batch) if batching else set(rows) == {1}, rows
+    want_free = max_batch if batching else 1
+    assert engine.stats["finished_length"] == 8 and len(engine.free_rows) == want_free
 
 
-def test_sampling_with_a_seed_equals_offline_generate_whatever_the_batch() -> None:
+def test_sampling_with_a_seed_equals_offline_generate_whatever_the_batch(
+    engines: Callable[..., Engine],
+) -> None:
     m = lm()
-    engine = Engine(m, decode, max_batch=5).start()
+    engine = engines(m, max_batch=5)
     got = Collector()
     ps = prompts(5, seed=2)
     # Greedy rows share one argmax, except one with a repetition penalty: it needs its own.
@@ -96,6 +151,7 @@ def test_sampling_with_a_seed_equals_offline_generate_whatever_the_batch() -> No
                 for i, (p, s) in enumerate(zip(ps, settings, strict=True))]  # fmt: skip
     for r in requests:
         engine.submit(r)
+    engine.start()  # all five queued first: they decode together
     got.wait()
     engine.stop()
     for i, r in enumerate(requests):
@@ -103,12 +159,14 @@ def test_sampling_with_a_seed_equals_offline_generate_whatever_the_batch() -> No
         assert r.tokens == want, i
 
 
-def test_stop_strings_end_the_text_before_them_and_are_never_streamed() -> None:
+def test_stop_strings_end_the_text_before_them_and_are_never_streamed(
+    engines: Callable[..., Engine],
+) -> None:
     m = lm()
     p = prompts(1, seed=3)[0]
     full = decode(generate(m, [p], max_new_tokens=30, sampling=GREEDY)[0])
     stop = full[10:13]  # a string the model will produce
-    engine = Engine(m, decode).start()
+    engine = engines(m).start()
     got = Collector()
     r = Request(p, 30, GREEDY, stop=[stop, "never"], emit=got.sink(0))
     engine.submit(r)
@@ -119,9 +177,11 @@ def test_stop_strings_end_the_text_before_them_and_are_never_streamed() -> None:
     assert stop not in got.text(0)
 
 
-def test_a_cancelled_request_frees_its_row_and_the_others_go_on() -> None:
+def test_a_cancelled_request_frees_its_row_and_the_others_go_on(
+    engines: Callable[..., Engine],
+) -> None:
     m = lm()
-    engine = Engine(m, decode, max_batch=2).start()
+    engine = engines(m, max_batch=2).start()
     got = Collector()
     gate = threading.Event()
     first = Request([1, 2, 3], 50, GREEDY, emit=got.sink(0))
@@ -147,9 +207,9 @@ def test_a_cancelled_request_frees_its_row_and_the_others_go_on() -> None:
     assert first.tokens == generate(m, [[1, 2, 3]], max_new_tokens=50, sampling=GREEDY)[0]
 
 
-def test_the_engine_survives_requests_that_raise() -> None:
+def test_the_engine_survives_requests_that_raise(engines: Callable[..., Engine]) -> None:
     m = lm()
-    engine = Engine(m, decode, max_batch=4).start()
+    engine = engines(m, max_batch=4).start()
     got = Collector()
 
     def broken(event: Event) -> None:
@@ -168,7 +228,9 @@ def test_the_engine_survives_requests_that_raise() -> None:
     engine.stop()
 
 
-def test_a_request_whose_sampling_fails_adds_no_tokens_to_the_count(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_request_whose_sampling_fails_adds_no_tokens_to_the_count(
+    engines: Callable[..., Engine], monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     import aiayn.serve.engine as engine_module
 
     broken = SamplingConfig(temperature=0.5, top_k=3)
@@ -180,7 +242,7 @@ def test_a_request_whose_sampling_fails_adds_no_tokens_to_the_count(monkeypatch)
         return real(logits, config, **kw)
 
     monkeypatch.setattr(engine_module, "choose_next", choose)
-    engine = Engine(lm(), decode, max_batch=2).start()
+    engine = engines(lm(), max_batch=2).start()
     got = Collector()
     engine.submit(Request([1, 2], 5, broken, emit=got.sink(0)))
     engine.submit(Request([1, 2], 5, GREEDY, emit=got.sink(1)))
@@ -190,11 +252,11 @@ def test_a_request_whose_sampling_fails_adds_no_tokens_to_the_count(monkeypatch)
     engine.stop()
 
 
-def test_a_long_prefill_does_not_stall_running_requests() -> None:
+def test_a_long_prefill_does_not_stall_running_requests(engines: Callable[..., Engine]) -> None:
     """A 60-token prompt is read 4 tokens per step: the running request keeps getting a token
     every step meanwhile."""
     m = lm()
-    engine = Engine(m, decode, max_batch=2, prefill_chunk=4)
+    engine = engines(m, max_batch=2, prefill_chunk=4)
     order: list[str] = []
     started = threading.Event()
 
@@ -221,31 +283,33 @@ def test_a_long_prefill_does_not_stall_running_requests() -> None:
     assert between >= 60 // 4 - 1  # a running token for every prefill chunk
 
 
-def test_a_full_queue_is_refused() -> None:
+def test_a_full_queue_is_refused(engines: Callable[..., Engine]) -> None:
     """One row, busy (its request's callback blocks the engine), one waiting: the next is a
     QueueFull."""
     m = lm()
-    engine = Engine(m, decode, max_batch=1, max_queue=1).start()
+    engine = engines(m, max_batch=1, max_queue=1).start()
     release, busy = threading.Event(), threading.Event()
 
     def block(event: Event) -> None:
         busy.set()
         release.wait(30)
 
-    engine.submit(Request([1], 2, GREEDY, emit=block))
-    assert busy.wait(30)
-    engine.submit(Request([1], 1))  # waits for the row
-    with pytest.raises(QueueFull, match="max_queue=1"):
-        engine.submit(Request([1], 1))
-    release.set()
+    try:
+        engine.submit(Request([1], 2, GREEDY, emit=block))
+        assert busy.wait(30)
+        engine.submit(Request([1], 1))  # waits for the row
+        with pytest.raises(QueueFull, match="max_queue=1"):
+            engine.submit(Request([1], 1))
+    finally:
+        release.set()  # the engine's thread is free to stop, pass or fail
     engine.stop()
 
 
-def test_a_request_cancelled_in_prefill_gives_its_row_back() -> None:
+def test_a_request_cancelled_in_prefill_gives_its_row_back(engines: Callable[..., Engine]) -> None:
     """Cancelled after the first of 26 prefill chunks: its row is free again at once, and the
     next request decodes in it."""
     m = lm()
-    engine = Engine(m, decode, max_batch=1, prefill_chunk=2)
+    engine = engines(m, max_batch=1, prefill_chunk=2)
     got = Collector()
     first = Request(list(range(26)) * 2, 5, GREEDY, emit=got.sink(0))
     chunks = 0
@@ -271,13 +335,15 @@ def test_a_request_cancelled_in_prefill_gives_its_row_back() -> None:
     assert engine.free_rows == [0]
 
 
-def test_a_bad_seed_fails_alone_and_the_earliest_stop_string_wins() -> None:
+def test_a_bad_seed_fails_alone_and_the_earliest_stop_string_wins(
+    engines: Callable[..., Engine],
+) -> None:
     m = lm()
     p = prompts(1, seed=8)[0]  # its greedy text: 12 n, then k
     full = decode(generate(m, [p], max_new_tokens=30, sampling=GREEDY)[0])
     later, earlier = full[12:14], full[10:13]  # listed first, but found second
     assert full.find(later) == 12 and full.find(earlier) == 10
-    engine = Engine(m, decode).start()
+    engine = engines(m).start()
     got = Collector()
     bad = Request(p, 5, SamplingConfig(temperature=1.0), seed=2**64, emit=got.sink(0))
     good = Request(p, 30, GREEDY, stop=[later, earlier], emit=got.sink(1))
