@@ -42,11 +42,13 @@ import torch.distributed as dist
 from torch import nn
 
 from aiayn.checkpoint.atomic import (
+    OLD_MARK,
     TMP_MARK,
     begin_folder,
     commit_folder,
     fs_step,
     fsync_path,
+    recover,
     write_atomically,
 )
 from aiayn.checkpoint.bundle import (
@@ -144,8 +146,9 @@ class RunDir:
     # ----- repairs --------------------------------------------------------------------
     def recover(self) -> list[str]:
         """Repair what a kill may have left: adopt a checkpoint folder of the old layout,
-        remove temporary folders and links, point ``checkpoint`` at the newest complete
-        checkpoint and delete older ones.  Returns what was done, for the log."""
+        remove temporary folders and links, put back a folder renamed aside while it was being
+        replaced, point ``checkpoint`` at the newest complete checkpoint and delete older
+        ones.  Returns what was done, for the log."""
         done: list[str] = []
         if not self.root.is_dir():
             return done
@@ -163,6 +166,7 @@ class RunDir:
                 else:
                     shutil.rmtree(leftover, ignore_errors=True)
                 done.append(f"removed the unfinished {leftover.name}")
+        done += self._put_back_replaced()
         latest = self.latest()
         if latest is not None:
             if os.path.realpath(self.pointer) != os.path.realpath(latest):
@@ -170,8 +174,28 @@ class RunDir:
                 done.append(f"pointed {CHECKPOINT} at {latest.name}")
             for _, old in self._complete()[:-1]:
                 shutil.rmtree(old, ignore_errors=True)
+                done.append(f"removed the older checkpoint {old.name}")
         elif self.pointer.is_symlink():  # a link to nothing
             self.pointer.unlink()
+        return done
+
+    def _put_back_replaced(self) -> list[str]:
+        """A folder being replaced where ``renameat2(RENAME_EXCHANGE)`` is missing is renamed
+        aside (``.NAME.old-PID``) first: put it back if a kill came before the new one took
+        its name, else remove it (aiayn/checkpoint/atomic.py)."""
+        done: list[str] = []
+        for folder in (self.checkpoints, self.snapshots):
+            if not folder.is_dir():
+                continue
+            names = {old.name[1:].split(OLD_MARK)[0] for old in folder.glob(f".*{OLD_MARK}*")}
+            for target in sorted(folder / name for name in names):
+                missing = not target.exists()
+                recover(target)  # puts the folder back where target is missing
+                done.append(
+                    f"put back {folder.name}/{target.name}, which a kill left renamed aside"
+                    if missing and target.exists()
+                    else f"removed the replaced copy of {folder.name}/{target.name}"
+                )
         return done
 
     def clear(self) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,79 @@ def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a folder"):
         atomic.write_atomically(tmp_path / "f", fill_with("x"))
     assert os.listdir(tmp_path) == ["f"]
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from aiayn.checkpoint import atomic
+
+target, point, no_exchange = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+if no_exchange:
+    atomic.exchange = lambda a, b: False
+def hook(step):
+    if step == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+atomic.set_fault_hook(hook)
+atomic.write_atomically(target, lambda folder: (folder / "a.txt").write_text("two"))
+"""
+
+
+def replace_and_kill(target: Path, point: str, *, no_exchange: bool) -> None:
+    """Replace ``target`` (holding "one") by a folder holding "two" in a child process that
+    SIGKILLs itself at ``point``: what it leaves is what a real kill leaves (no ``finally``
+    cleans up)."""
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(target), point, "1" if no_exchange else "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard: the child takes a second or two
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, f"not killed at {point}: {done.stderr[-2000:]}"
+
+
+def exchange_works(folder: Path) -> bool:
+    """Whether this system swaps two folders' names in one step (two empty folders tried)."""
+    a, b = folder / "x", folder / "y"
+    a.mkdir()
+    b.mkdir()
+    try:
+        return atomic.exchange(a, b)
+    finally:
+        a.rmdir()
+        b.rmdir()
+
+
+def test_a_kill_just_after_the_exchange_leaves_the_new_folder(tmp_path: Path) -> None:
+    """Killed after ``exchanged``: the target is already the new, complete folder; the old one
+    waits under the temporary name, and recover() removes it."""
+    if not exchange_works(tmp_path):
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    target = tmp_path / "m"
+    atomic.write_atomically(target, fill_with("one"))
+    replace_and_kill(target, "exchanged", no_exchange=False)
+    assert (target / "a.txt").read_text() == "two"
+    atomic.verify_manifest(target)
+    (old,) = tmp_path.glob(f".m{atomic.TMP_MARK}*")
+    assert (old / "a.txt").read_text() == "one"
+    atomic.recover(target)
+    assert (target / "a.txt").read_text() == "two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_a_real_kill_with_the_old_folder_aside_is_undone(tmp_path: Path) -> None:
+    """Without the exchange, killed after ``old-moved-aside``: no folder has the name, the
+    old one is aside and the new one complete under its temporary name; recover() puts the
+    old one back and removes the rest."""
+    target = tmp_path / "m"
+    atomic.write_atomically(target, fill_with("one"))
+    replace_and_kill(target, "old-moved-aside", no_exchange=True)
+    assert not target.exists()
+    (aside,) = tmp_path.glob(f".m{atomic.OLD_MARK}*")
+    (new,) = tmp_path.glob(f".m{atomic.TMP_MARK}*")
+    assert (aside / "a.txt").read_text() == "one" and (new / "a.txt").read_text() == "two"
+    atomic.recover(target)
+    assert (target / "a.txt").read_text() == "one"
+    atomic.verify_manifest(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
