@@ -7,6 +7,7 @@ Test modules take these from here (as fixtures, or imported as ``from tests.conf
 from __future__ import annotations
 
 import gzip
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,11 @@ def lm_run(tmp_path: Path) -> Path:
     (tmp_path / "corpus.txt").write_text(LM_TEXT)
     (tmp_path / "run.toml").write_text(LM_TOML)
     return tmp_path / "run.toml"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick for port 0), for
+    torchrun's --master_port: a fixed port fails when another run or test holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

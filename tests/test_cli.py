@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import main
-from tests.train.test_translation import TOML, write_corpus
+from tests.conftest import TRANSLATION_TOML, write_corpus
 
 
 def test_demo_trains_a_fixed_number_of_steps_translates_and_scores(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_corpus(tmp_path / "data")
-    (tmp_path / "demo.toml").write_text(TOML)
+    (tmp_path / "demo.toml").write_text(TRANSLATION_TOML)
     args = ["demo", "--config", str(tmp_path / "demo.toml"), "--data", str(tmp_path / "data"),
             "--out", str(tmp_path / "run"), "--sentences", "3"]  # fmt: skip
     assert main(args) == 0

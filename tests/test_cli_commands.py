@@ -30,9 +30,7 @@ from aiayn.models import DecoderLM, EncoderDecoder
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.translate import train_translation
-from tests.train.test_lm_training import TOML as LM_TOML
-from tests.train.test_translation import TOML as TRANSLATION_TOML
-from tests.train.test_translation import write_corpus
+from tests.conftest import LM_TOML, TRANSLATION_TOML, write_corpus
 
 CORPUS = "To be, or not to be, that is the question.\n" * 40
 # Held-out text for `evaluate --text` in the same characters: 300 of them, so that the

@@ -38,10 +38,10 @@ def test_training_on_the_gpu_in_bf16_and_resuming_on_the_cpu(tmp_path: Path) -> 
     from aiayn.checkpoint import RunDir
     from aiayn.train.config import load_run_config
     from aiayn.train.lm import train_lm
-    from tests.train.test_lm_training import TOML
+    from tests.conftest import LM_TEXT, LM_TOML
 
-    (tmp_path / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
-    (tmp_path / "run.toml").write_text(TOML)
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
+    (tmp_path / "run.toml").write_text(LM_TOML)
     run = load_run_config(
         tmp_path / "run.toml", {"train.device": "cuda", "train.dtype": "bfloat16"}
     )

@@ -148,10 +148,10 @@ def test_evaluate_prints_what_sacrebleu_gives_for_its_hypotheses(
     from aiayn.cli import main
     from aiayn.train.config import load_run_config
     from aiayn.train.translate import train_translation
-    from tests.train.test_translation import TOML, write_corpus
+    from tests.conftest import TRANSLATION_TOML, write_corpus
 
     write_corpus(tmp_path / "data")
-    (tmp_path / "run.toml").write_text(TOML)
+    (tmp_path / "run.toml").write_text(TRANSLATION_TOML)
     run = load_run_config(
         tmp_path / "run.toml",
         {"train.max_steps": 250, "train.lr": 0.5, "model.dropout": 0.0, "train.warmup_steps": 10,

@@ -17,7 +17,7 @@ from aiayn.experiment.run import training_flops
 from aiayn.inspect.calc import translation_batch_flops
 from aiayn.models import build_model
 from aiayn.train.translate import train_translation
-from tests.train.test_translation import TOML, write_corpus
+from tests.conftest import LM_TEXT, LM_TOML, TRANSLATION_TOML, write_corpus
 
 SWEEP = """
 [sweep]
@@ -47,7 +47,7 @@ set = { "model.attention_score" = "additive", "model.residual" = false }
 @pytest.fixture
 def setup(tmp_path: Path) -> tuple[Path, Path]:
     write_corpus(tmp_path / "data")
-    (tmp_path / "run.toml").write_text(TOML)
+    (tmp_path / "run.toml").write_text(TRANSLATION_TOML)
     (tmp_path / "sweep.toml").write_text(SWEEP)
     return tmp_path / "data", tmp_path / "sweep.toml"
 
@@ -188,9 +188,8 @@ def test_language_model_sweep_fits_power_laws(tmp_path: Path) -> None:
     from aiayn.experiment import run_sweep
     from aiayn.experiment.report import scaling_fits
     from aiayn.inspect.calc import training_flops_per_token
-    from tests.train.test_lm_training import TOML as LM_TOML
 
-    (tmp_path / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
     (tmp_path / "lm.toml").write_text(LM_TOML)
     (tmp_path / "sweep.toml").write_text(LM_SWEEP)
     sweep = load_sweep(tmp_path / "sweep.toml")

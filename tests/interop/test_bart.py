@@ -14,8 +14,7 @@ import transformers
 
 from aiayn.interop.bart import from_hf_bart, to_hf_bart
 from aiayn.models.encoder_decoder import EncoderDecoder
-from tests.interop.test_marian import perturbed
-from tests.interop.weights import assert_same_state
+from tests.interop.support import assert_same_state, perturbed_seq2seq
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB, PAD, EOS = 57, 1, 2
@@ -32,7 +31,7 @@ def bart(**overrides: object) -> torch.nn.Module:
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.BartForConditionalGeneration(transformers.BartConfig(**kwargs)).eval()
-    return perturbed(model)
+    return perturbed_seq2seq(model)
 
 
 def read_rows(model: torch.nn.Module) -> dict[str, torch.Tensor]:

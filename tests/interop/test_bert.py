@@ -5,7 +5,6 @@ states, pooled output and masked-LM logits to 1e-5; round trips exact, name by n
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,20 +14,9 @@ import transformers
 
 from aiayn.interop.bert import from_hf_bert, to_hf_bert
 from aiayn.models.encoder import EncoderLM
-from tests.interop.weights import assert_same_state, perturb
+from tests.interop.support import VOCAB, assert_same_state, bert_config, perturb, wordpiece
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-VOCAB = 97
-
-
-def bert_config(**overrides: object) -> object:
-    kwargs: dict = dict(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=96, max_position_embeddings=40, type_vocab_size=2,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
-    )  # fmt: skip
-    kwargs.update(overrides)
-    return transformers.BertConfig(**kwargs)
 
 
 def bert(kind: str = "BertForMaskedLM", **overrides: object) -> torch.nn.Module:
@@ -96,37 +84,6 @@ def test_what_cannot_be_converted_is_named() -> None:
     ours = from_hf_bert(transformers.BertModel(bert_config()))
     with pytest.raises(ValueError, match="token_type_ids"):
         ours.encode(torch.ones(1, 4, dtype=torch.long), token_type_ids=torch.full((1, 4), 2))
-
-
-def wordpiece(folder: Path) -> None:
-    """A small WordPiece tokenizer (BERT's kind) trained here, saved as tokenizer.json with
-    BERT's normaliser, pre-tokeniser and [CLS] ... [SEP] post-processor."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    text = ["Ein Hund läuft über die Wiese.", "A dog runs across the meadow.",
-            "Le chien court dans le pré.", "Zwei Männer spielen Fußball im Park."] * 20  # fmt: skip
-    tok.train_from_iterator(
-        text, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=special)
-    )
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )  # fmt: skip
-    tok.save(str(folder / "tokenizer.json"))
 
 
 def test_bert_folders_load_with_their_tokenizer_and_write_back(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -27,7 +27,7 @@ from aiayn.interop.hf import (
     to_hf_qwen2,
 )
 from aiayn.models.decoder import DecoderLM
-from tests.interop.weights import assert_same_state, perturb
+from tests.interop.support import assert_same_state, perturb
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB = 101

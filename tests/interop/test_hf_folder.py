@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from aiayn.interop.hf_folder import load_hf_folder, save_hf_folder
-from tests.interop.weights import assert_same_state
+from tests.interop.support import assert_same_state
 
 VOCAB = 101
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -5,7 +5,6 @@ cached decoding; the round trip is exact."""
 from __future__ import annotations
 
 import os
-from typing import TypeVar
 
 import pytest
 import torch
@@ -15,10 +14,9 @@ import transformers
 
 from aiayn.interop.marian import from_hf_marian, to_hf_marian
 from aiayn.models.encoder_decoder import EncoderDecoder
-from tests.interop.weights import assert_same_state
+from tests.interop.support import assert_same_state, perturbed_seq2seq
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-M = TypeVar("M", bound=torch.nn.Module)
 VOCAB, PAD = 61, 60
 
 
@@ -33,18 +31,7 @@ def marian(**overrides: object) -> torch.nn.Module:
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(transformers.MarianConfig(**kwargs)).eval()
-    return perturbed(model)
-
-
-def perturbed(model: M) -> M:
-    """An HF seq2seq model with its norms (initialised to 1) and biases (0, the logits' bias
-    too) moved off their starting values, so that copying them is tested."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
-        model.final_logits_bias.normal_()
-    return model
+    return perturbed_seq2seq(model)
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ from aiayn.inspect.calc import translation_batch_flops
 from aiayn.models.rnn import RNNEncoderDecoder
 from aiayn.train.config import load_run_config
 from aiayn.train.translate import train_translation
-from tests.train.test_translation import TOML, write_corpus
+from tests.conftest import TRANSLATION_TOML, write_corpus
 
 SMALL = dict(n_layers=2, d_model=32, vocab_size=50, max_len=64, dropout=0.0)
 KINDS = [("gru", True), ("gru", False), ("lstm", True), ("lstm", False)]
@@ -142,7 +142,9 @@ def test_bad_configs_are_named() -> None:
 def test_trains_resumes_saves_and_translates_like_the_transformer(tmp_path: Path) -> None:
     write_corpus(tmp_path / "data")
     cfg = tmp_path / "run.toml"
-    cfg.write_text(TOML.replace('preset = "paper-base"', 'preset = "paper-base"\nrnn = "gru"'))
+    cfg.write_text(
+        TRANSLATION_TOML.replace('preset = "paper-base"', 'preset = "paper-base"\nrnn = "gru"')
+    )
     run = load_run_config(cfg, {"model.dropout": 0.0})
     full = train_translation(run, tmp_path / "full", tmp_path / "data", progress=False)
     train_translation(run, tmp_path / "split", tmp_path / "data", stop_after=3, progress=False)

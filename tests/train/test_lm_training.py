@@ -13,36 +13,13 @@ from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.optim import build_adamw
 from aiayn.train.schedule import cosine_schedule, paper_schedule
-
-TOML = """
-[model]
-preset = "gpt2-small"
-n_layers = 2
-d_model = 32
-n_heads = 4
-d_ff = 64
-max_len = 32
-dropout = 0.1
-
-[data]
-text = "corpus.txt"
-
-[train]
-max_steps = 8
-batch_size = 4
-block_size = 16
-lr = 3e-3
-warmup_steps = 2
-eval_interval = 4
-eval_batches = 2
-checkpoint_interval = 4
-"""
+from tests.conftest import LM_TEXT, LM_TOML
 
 
 @pytest.fixture
 def setup(tmp_path: Path) -> tuple[Path, Path]:
-    (tmp_path / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
-    (tmp_path / "run.toml").write_text(TOML)
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
+    (tmp_path / "run.toml").write_text(LM_TOML)
     return tmp_path, tmp_path / "run.toml"
 
 

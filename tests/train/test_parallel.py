@@ -4,7 +4,6 @@ processes matching one process, and a sharded run resumed on another number of p
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +14,13 @@ import torch
 from aiayn.checkpoint import RunDir
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
-from tests.train.test_lm_training import TOML
+from tests.conftest import LM_TEXT, LM_TOML, free_port
 
 
 @pytest.fixture
 def setup(tmp_path: Path) -> tuple[Path, Path]:
-    (tmp_path / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
-    (tmp_path / "run.toml").write_text(TOML)
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
+    (tmp_path / "run.toml").write_text(LM_TOML)
     return tmp_path, tmp_path / "run.toml"
 
 
@@ -37,14 +36,6 @@ def test_autocast_training_learns_and_keeps_fp32_weights(
     bundle, state = RunDir(root / dtype).load()
     assert all(p.dtype == torch.float32 for p in bundle.model.parameters())
     assert bool(state.scaler) == (dtype == "float16")  # the scaler's state is checkpointed
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick for port 0), for
-    torchrun's --master_port: a fixed port fails when another run or test holds it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def torchrun(

@@ -35,8 +35,7 @@ from aiayn.train.lm import train_lm
 from aiayn.train.loop import FitResult
 from aiayn.train.translate import encode_pairs, load_pairs, train_translation
 from aiayn.train.vision import train_vision
-from tests.train.test_translation import TOML as TRANSLATION_TOML
-from tests.train.test_translation import write_corpus
+from tests.conftest import LM_TEXT, TRANSLATION_TOML, write_corpus
 
 Train = Callable[..., FitResult]  # train_lm, train_translation, train_vision
 
@@ -103,7 +102,7 @@ seed = 1
 
 def lm_case(root: Path, dtype: str = "float32") -> tuple[RunConfig, Path]:
     """A character-level LM with dropout, its config and data folder."""
-    (root / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    (root / "corpus.txt").write_text(LM_TEXT)
     (root / "run.toml").write_text(LM_TOML)
     return load_run_config(root / "run.toml", {**PINNED, "train.dtype": dtype}), root
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import shutil
 from pathlib import Path
 
@@ -14,59 +13,13 @@ from aiayn.cli import main
 from aiayn.train.average import average_checkpoints
 from aiayn.train.config import load_run_config
 from aiayn.train.translate import train_translation
-
-DE = [
-    "ein hund läuft",
-    "eine katze schläft",
-    "zwei männer",
-    "ein kind spielt im park",
-    "der ball ist rot",
-]
-EN = ["a dog runs", "a cat sleeps", "two men", "a child plays in the park", "the ball is red"]
-
-
-def write_corpus(root: Path) -> None:
-    m = root / "multi30k"
-    m.mkdir(parents=True)
-    for split, n in (("train", 12), ("val", 1), ("test_2016_flickr", 1)):
-        for lang, lines in (("de", DE), ("en", EN)):
-            with gzip.open(m / f"{split}.{lang}.gz", "wt", encoding="utf-8") as fh:
-                fh.write("\n".join(lines * n) + "\n")
-
-
-TOML = """
-[model]
-preset = "paper-base"
-n_layers = 1
-d_model = 32
-n_heads = 4
-d_ff = 64
-max_len = 64
-dropout = 0.1
-
-[data]
-bpe_vocab_size = 300
-
-[train]
-schedule = "paper"
-lr = 0.1
-warmup_steps = 4
-beta2 = 0.98
-adam_eps = 1e-9
-weight_decay = 0.0
-label_smoothing = 0.1
-max_tokens = 64
-max_steps = 6
-eval_interval = 3
-checkpoint_interval = 3
-keep_snapshots = 2
-"""
+from tests.conftest import TRANSLATION_TOML, free_port, write_corpus
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> tuple[Path, Path]:
     write_corpus(tmp_path / "data")
-    (tmp_path / "run.toml").write_text(TOML)
+    (tmp_path / "run.toml").write_text(TRANSLATION_TOML)
     return tmp_path / "data", tmp_path / "run.toml"
 
 
@@ -167,8 +120,6 @@ def test_two_torchrun_processes_match_one_process(
     import subprocess
     import sys
 
-    from tests.train.test_parallel import free_port
-
     data, cfg = corpus
     common = [
         "--data",
@@ -233,7 +184,7 @@ def test_token_count_batches_pick_the_linear_kernel_at_their_token_budget(
     assert probed == [64] and used == [True]  # max_tokens = 64
     assert RunDir(tmp_path / "onednn").load()[1].kernels == {"linear": "onednn"}
 
-    cfg.write_text(TOML + 'linear_kernel = "mkl"\n')
+    cfg.write_text(TRANSLATION_TOML + 'linear_kernel = "mkl"\n')
     mkl = train_translation(load_run_config(cfg), tmp_path / "mkl", data, progress=False)
     assert probed == [64] and used == [True, False]  # a kernel set in the config is not probed
     assert [h["loss"] for h in onednn.history] == pytest.approx(
