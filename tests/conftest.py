@@ -1,18 +1,15 @@
 """What many test files share: tiny seeded models, and tiny translation and LM runs.
 
-Test modules take these from here (as fixtures, or imported as ``from tests.conftest import
-...`` where a module-level helper needs them), never from each other.
+Test modules import them (``from tests.conftest import ...``), never from each other.
 """
 
 from __future__ import annotations
 
 import gzip
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 import aiayn
@@ -27,12 +24,6 @@ def tiny_model(preset: str, **overrides: Any) -> Any:
     ``torch.manual_seed(0)`` so that every call gives the same weights, in eval mode."""
     torch.manual_seed(0)
     return aiayn.build_model(preset, **{**TINY, **overrides}).eval()
-
-
-@pytest.fixture
-def tiny() -> Callable[..., Any]:
-    """:func:`tiny_model`, for tests that take their models as fixtures."""
-    return tiny_model
 
 
 # A parallel corpus in Multi30k's layout: five German-English pairs, repeated.
@@ -110,22 +101,6 @@ eval_batches = 2
 checkpoint_interval = 4
 """
 LM_TEXT = "To be, or not to be, that is the question.\n" * 40
-
-
-@pytest.fixture
-def translation_run(tmp_path: Path) -> Path:
-    """``tmp_path/run.toml`` (:data:`TRANSLATION_TOML`) over the corpus in ``tmp_path/data``."""
-    write_corpus(tmp_path / "data")
-    (tmp_path / "run.toml").write_text(TRANSLATION_TOML)
-    return tmp_path / "run.toml"
-
-
-@pytest.fixture
-def lm_run(tmp_path: Path) -> Path:
-    """``tmp_path/run.toml`` (:data:`LM_TOML`) beside its ``corpus.txt``."""
-    (tmp_path / "corpus.txt").write_text(LM_TEXT)
-    (tmp_path / "run.toml").write_text(LM_TOML)
-    return tmp_path / "run.toml"
 
 
 def free_port() -> int:
