@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -386,26 +387,33 @@ def test_each_model_kind_served_over_http_equals_offline_generate(
 
 
 def test_a_client_that_leaves_a_non_streaming_request_frees_its_row() -> None:
-    """The server checks for a closed connection while tokens are still coming, not only
-    after a quiet spell: a client that gave up does not hold its row until max_tokens."""
+    """A non-streaming client that gives up is noticed while its request runs (the server
+    looks every quarter second, tokens or not), not when max_tokens is reached.  Counted in
+    tokens: the engine is held after the request's first token (:class:`Pause`), the client
+    closes its connection, and the released engine frees the row before its next step -- 1
+    token made of the 4,000 asked for."""
     m, tok = lm_and_tokenizer(max_len=4096)
     app = create_app(m, tok, name="tiny", max_batch=2)
+    pause = Pause(app.state.engine)
     with served(app) as url:
-        # A first request, so that the engine's start (it measures its kernels) is over and
-        # the tokens of the next one flow without a pause.
-        httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=30)
-        body = {"prompt": "a", "max_tokens": 4000, "temperature": 0}
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"{url}/v1/completions", json=body, timeout=0.5)
-        deadline = time.monotonic() + 30
-        while True:
-            got = metrics(httpx.get(f"{url}/metrics").text)
-            if got["requests_finished_cancelled_total"] == 1:
-                break
-            assert got["requests_finished_length_total"] == 1, "it ran to max_tokens"
-            assert time.monotonic() < deadline, got
-            time.sleep(0.05)
-        assert got["cache_slots_in_use"] == 0 and got["tokens_generated_total"] < 4000
+        host, port = url.removeprefix("http://").split(":")
+        payload = json.dumps({"prompt": "a", "max_tokens": 4000, "temperature": 0}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode()  # fmt: skip
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(head + payload)
+            wait_until(pause.held.is_set, "the engine never reached its next decoding step")
+        # The client has gone, with no answer; its request made one token (the prefill's).
+        (leaving,) = pause.requests
+        assert len(leaving.tokens) == 1
+        wait_until(lambda: leaving.cancelled, "the server did not notice the client leave")
+        pause.release()
+        wait_until(lambda: leaving.finish_reason is not None, "the request never finished")
+        got = metrics(httpx.get(f"{url}/metrics").text)
+    assert leaving.finish_reason == "cancelled", leaving.finish_reason
+    assert len(leaving.tokens) == 1, f"{len(leaving.tokens)} tokens made for a client gone"
+    assert got["tokens_generated_total"] == 1 and got["requests_finished_cancelled_total"] == 1
+    assert got["cache_slots_in_use"] == 0 and got["running_batch_size"] == 0
 
 
 def test_translation_endpoint_equals_translate() -> None:
