@@ -231,7 +231,6 @@ def test_recurrent_encoder_decoder(tmp_path: Path) -> None:
 def test_vision_transformer_across_an_epoch(tmp_path: Path) -> None:
     """The ViT on the digits (4 batches an epoch, the last one short), stopped at step 5:
     one batch into the second epoch, whose order is a new permutation."""
-    pytest.importorskip("sklearn")
     (tmp_path / "run.toml").write_text(VIT_TOML)
     run = load_run_config(tmp_path / "run.toml", PINNED)
     train_vision(run, tmp_path / "full", tmp_path, progress=False)
