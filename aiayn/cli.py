@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -106,10 +107,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from aiayn.device import for_inference
+    from aiayn.interop.sentence_transformers import read_pooling
     from aiayn.serve.app import create_app
 
     bundle = load_checkpoint(args.checkpoint)
     model = for_inference(bundle.model, _device(args))
+    api_key = args.api_key or os.environ.get("AIAYN_API_KEY") or None
     app = create_app(
         model,
         bundle.tokenizer,
@@ -122,6 +125,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         batching=not args.no_batching,
         start_engine=False,
         context=args.context,
+        generation=generation_of(bundle.run),
+        pooling=read_pooling(args.checkpoint),
+        api_key=api_key,
     )
     # On shutdown the engine stops first and every open stream hears an error event and ends,
     # so uvicorn's graceful shutdown (which also runs the app's lifespan to its end) is quick;
@@ -964,7 +970,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_fill_mask)
 
     p = sub.add_parser(
-        "serve", help="an HTTP server: OpenAI-style completions (continuous batching), translation"
+        "serve",
+        help="an HTTP server: OpenAI-style completions and chat (continuous batching),"
+        " embeddings, translation",
     )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -986,6 +994,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-batching", action="store_true", help="one request at a time (for comparisons)"
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info"])
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/... (default: $AIAYN_API_KEY, or open)",
+    )
     _add_device(p)
     p.set_defaults(func=cmd_serve)
     return parser

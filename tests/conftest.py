@@ -6,6 +6,7 @@ Test modules import them (``from tests.conftest import ...``), never from each o
 from __future__ import annotations
 
 import gzip
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,46 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# A chat model's folder, as Hugging Face writes one.
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CHAT_TEXT = ["hello there, how are you today?", "the cat sat on the mat", "café 東京 🙂 2026"] * 30
+
+
+def chat_folder(root: Path, eos: list[int] | None, template: str | None = CHATML) -> Path:
+    """A small Hugging Face GPT-2 chat folder (perturbed weights, byte-level BPE with ChatML's
+    tokens and chat template) in ``root/chat``; ``eos`` is its generation_config.json's list
+    of end ids (None: no such file)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tok.train_from_iterator(CHAT_TEXT, trainer)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=tok.get_vocab_size(),
+                                  n_positions=96, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    folder = root / "chat"
+    model.save_pretrained(folder)
+    tok.save(str(folder / "tokenizer.json"))
+    config: dict[str, object] = {"eos_token": "<|endoftext|>",
+                                 "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    if template is not None:
+        config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    if eos is not None:
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return folder

@@ -87,15 +87,38 @@ def sentence_embeddings(
     """(len(texts), D) float32 embeddings, one per text (module docstring); D = d_model times
     the number of pooling modes.  ``pooling.max_tokens`` (else the model's ``max_len``) is the
     longest text read; a longer one is an error unless ``truncate``."""
+    limit = min(_limit(model, tokenizer), pooling.max_tokens or model.config.max_len)
+    if pooling.lowercase:
+        texts = [t.lower() for t in texts]
+    rows = [_encoded(tokenizer, t, limit, truncate, i) for i, t in enumerate(texts, 1)]
+    return embed_ids(model, rows, batch_size=batch_size, pooling=pooling)
+
+
+@torch.no_grad()
+def embed_ids(
+    model: EncoderLM,
+    rows: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 32,
+    pooling: Pooling = DEFAULT_POOLING,
+) -> torch.Tensor:
+    """(len(rows), D) float32 embeddings of texts already turned into token ids ([CLS] and
+    [SEP] included, as the tokenizer gives them), pooled as ``pooling`` says."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     c = model.config
     pad = c.pad_id if c.pad_id is not None else 0
     device = model.embed.token.weight.device
-    limit = min(_limit(model, tokenizer), pooling.max_tokens or c.max_len)
-    if pooling.lowercase:
-        texts = [t.lower() for t in texts]
-    rows = [_encoded(tokenizer, t, limit, truncate, i) for i, t in enumerate(texts, 1)]
+    limit = min(c.max_len, pooling.max_tokens or c.max_len)
+    for number, row in enumerate(rows, 1):
+        if not row:
+            raise ValueError(f"input {number} is empty: it has no tokens")
+        if len(row) > limit:
+            raise ValueError(
+                f"input {number} has {len(row)} tokens; the model reads at most {limit}"
+            )
+        if not all(0 <= i < c.vocab_size for i in row):
+            raise ValueError(f"input {number} has a token id outside 0 to {c.vocab_size - 1}")
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
@@ -103,7 +126,7 @@ def sentence_embeddings(
         ids = torch.full((len(chunk), width), pad, dtype=torch.long, device=device)
         keep = torch.zeros(len(chunk), width, dtype=torch.bool, device=device)
         for i, r in enumerate(chunk):
-            ids[i, : len(r)] = torch.tensor(r, device=device)
+            ids[i, : len(r)] = torch.tensor(list(r), device=device)
             keep[i, : len(r)] = True
         hidden = model.encode(ids, attention_mask=keep).float()  # (B, T, C)
         vectors = pool(hidden, keep, pooling.modes)  # (B, D)

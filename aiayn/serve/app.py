@@ -6,6 +6,11 @@
                                events, ending ``data: [DONE]``; ``stream_options.include_usage``
                                adds OpenAI's closing usage chunk); logprobs, echo, suffix and
                                best_of > 1 are refused with a 400 rather than ignored
+``POST /v1/chat/completions``  OpenAI-compatible chat over the checkpoint's own chat template
+                               (aiayn/serve/chat.py), streaming too
+``POST /v1/embeddings``        encoder checkpoints: OpenAI-compatible sentence embeddings
+                               (aiayn/serve/embeddings.py)
+``GET /v1/models``             the one model served (also ``/v1/models/{id}``)
 ``POST /v1/translate``         encoder-decoder checkpoints: ``text`` (a string or a list),
                                ``beam`` (1 = greedy)
 ``GET /health``                the model and whether the engine runs (503 once it has stopped)
@@ -19,14 +24,14 @@ over ``max_prompt_tokens`` or one that leaves no room in the model's context, or
 over ``max_new_tokens``, is a 400; a full queue is a 429 (``max_batch`` requests run at once,
 ``max_queue`` more wait); an engine that is not running is a 503.  A client that disconnects
 -- a closed stream included -- cancels its request, and the engine frees its row at the next
-step.
+step.  With ``api_key``, every ``/v1/...`` request needs it as a bearer token (a 401 without;
+aiayn/serve/auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import threading
 import time
 import uuid
@@ -37,37 +42,26 @@ from typing import Annotated, Any
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
+from aiayn.generate.chat import end_ids
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.generate.translate import translate
-from aiayn.models import DecoderLM, EncoderDecoder, TransformerModel
+from aiayn.interop.generation_config import NONE, GenerationIds
+from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling
+from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
+from aiayn.serve.auth import require_api_key
+from aiayn.serve.chat import ChatBody, StreamOptions, chat_completion
+from aiayn.serve.completion import Completer, usage
+from aiayn.serve.embeddings import Embedder, EmbeddingBody
 from aiayn.serve.engine import Engine, EngineStopped, Event, QueueFull
-from aiayn.serve.engine import Request as EngineRequest
+from aiayn.serve.errors import APIError, error_response
 
 EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
-def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
-    )
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
 
 
 class CompletionBody(BaseModel):
@@ -109,6 +103,17 @@ def eos_id(tokenizer: Tokenizer) -> int | None:
         if found is not None:
             return int(found)
     return None
+
+
+def stop_ids(tokenizer: Tokenizer, generation: GenerationIds) -> tuple[int, ...]:
+    """The ids that end a request: the checkpoint's own (generation_config.json's EOS ids, the
+    tokenizer's ``eos_token``), else an end-of-text token found by name (:func:`eos_id`)."""
+    if isinstance(tokenizer, BPETokenizer):
+        named = end_ids(tokenizer, generation)
+        if named:
+            return named
+    guessed = eos_id(tokenizer)
+    return () if guessed is None else (guessed,)
 
 
 class _Translator:
@@ -161,14 +166,21 @@ def create_app(
     batching: bool = True,
     start_engine: bool = True,
     context: int | None = None,
+    generation: GenerationIds = NONE,
+    pooling: Pooling = DEFAULT_POOLING,
+    api_key: str | None = None,
 ) -> FastAPI:
-    """The app serving ``model``.  Its engine (``app.state.engine``; None for translation)
-    starts with the app and stops with it, on a thread of its own -- unless ``start_engine``
-    is False: then the caller runs ``engine.run()`` (``aiayn serve`` does, in the main
-    thread).  ``context`` is the longest prompt + completion a request may have: every KV
-    row of the pool holds that many positions (default: the model's max_len, at most 4,096)."""
+    """The app serving ``model``.  Its engine (``app.state.engine``; None for translation and
+    embeddings) starts with the app and stops with it, on a thread of its own -- unless
+    ``start_engine`` is False: then the caller runs ``engine.run()`` (``aiayn serve`` does, in
+    the main thread).  ``context`` is the longest prompt + completion a request may have:
+    every KV row of the pool holds that many positions (default: the model's max_len, at most
+    4,096).  ``generation`` holds the checkpoint's end ids (generation_config.json),
+    ``pooling`` an encoder's sentence-embedding recipe, ``api_key`` the bearer token
+    ``/v1/...`` requests must carry."""
     engine: Engine | None = None
     translator: _Translator | None = None
+    embedder: Embedder | None = None
     unset = " (or unset: the context)"
     for key, value, least, note in (("max_batch", max_batch, 1, ""), ("max_queue", max_queue, 0, ""),
                                     ("prefill_chunk", prefill_chunk, 1, ""),
@@ -188,7 +200,7 @@ def create_app(
             max_batch=max_batch,
             max_queue=max_queue,
             prefill_chunk=prefill_chunk,
-            eos_id=eos_id(tokenizer),
+            eos_id=stop_ids(tokenizer, generation),
             batching=batching,
             context=max_len,
         )
@@ -196,6 +208,8 @@ def create_app(
         tokenizer, BPETokenizer | MarianTokenizer
     ):
         translator = _Translator(model, tokenizer, max_queue)
+    elif isinstance(model, EncoderLM) and model.config.image_size is None:
+        embedder = Embedder(model, tokenizer, pooling, max_queue)
     else:
         raise ValueError(f"a {type(model).__name__} cannot be served: it does not generate text")
     prompt_limit = max_len - 1 if max_prompt_tokens is None else min(max_prompt_tokens, max_len - 1)
@@ -211,6 +225,11 @@ def create_app(
 
     app = FastAPI(title="aiayn serve", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.engine = engine
+    if api_key is not None:
+        require_api_key(app, api_key)
+    completer = None if engine is None else Completer(
+        engine, model.config.vocab_size, max_len, prompt_limit, new_limit)  # fmt: skip
+    created = int(time.time())
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError) -> JSONResponse:
@@ -281,10 +300,28 @@ def create_app(
         metric("cache_slots_total", "gauge", "KV-cache rows in the pool.", g["slots_total"])
         return "\n".join(lines) + "\n"
 
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id}")
+    def model_by_id(model_id: str) -> dict[str, Any]:
+        if model_id != name:
+            raise APIError(404, f"model {model_id!r} is not served here (this server: {name!r})")
+        return model_card()
+
+    def model_card() -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "aiayn"}
+
+    def generating() -> Completer:
+        if completer is not None:
+            return completer
+        use = "POST /v1/translate" if translator is not None else "POST /v1/embeddings"
+        raise APIError(400, f"{name} is a {type(model).__name__}: use {use}")
+
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, http: Request) -> Any:
-        if engine is None:
-            raise APIError(400, f"{name} is an encoder-decoder: use POST /v1/translate")
+        completer = generating()
         unsupported = [
             f"{key}={value!r}"
             for key, value, default in (
@@ -295,120 +332,66 @@ def create_app(
         ]  # fmt: skip
         if unsupported:
             raise APIError(400, f"{', '.join(unsupported)}: not supported by this server")
-        prompt = body.prompt
+        ids = prompt_ids(body.prompt)
+        stops = completer.check(ids, body.max_tokens, body.top_k, body.stop)
+        sampling = SamplingConfig(temperature=body.temperature,
+                                  top_p=None if body.top_p >= 1.0 else body.top_p,
+                                  top_k=body.top_k)  # fmt: skip
+        request, events = completer.submit(ids, body.max_tokens, sampling, body.seed, stops)
+        head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
+                "created": int(time.time()), "model": name}  # fmt: skip
+        if not body.stream:
+            await completer.wait(request, events, http)
+            choice = {"text": request.text, "index": 0, "logprobs": None,
+                      "finish_reason": request.finish_reason}  # fmt: skip
+            return {**head, "choices": [choice], "usage": usage(len(ids), request)}
+
+        def chunks(event: Event) -> list[dict[str, Any]]:
+            done = event.kind == "done"
+            choice = {"text": event.text, "index": 0, "logprobs": None,
+                      "finish_reason": event.finish_reason if done else None}  # fmt: skip
+            return [{**head, "choices": [choice]}]
+
+        def closing() -> list[dict[str, Any]]:  # OpenAI's last chunk: no choices, the usage
+            if body.stream_options is None or not body.stream_options.include_usage:
+                return []
+            return [{**head, "choices": [], "usage": usage(len(ids), request)}]
+
+        return completer.stream(request, events, chunks, closing)
+
+    def prompt_ids(prompt: Any) -> list[int]:
+        """A completion's one prompt as token ids (text is tokenized; ids are taken as they
+        are, and checked against the vocabulary by :meth:`Completer.check`)."""
         prompts: list[Any] = [prompt] if isinstance(prompt, str) or (
             prompt and isinstance(prompt[0], int)) else list(prompt)  # fmt: skip
         if len(prompts) != 1:
             raise APIError(400, f"prompt: give one prompt per request (got {len(prompts)})")
-        if isinstance(prompts[0], str):
-            try:
-                ids = tokenizer.encode(prompts[0])
-            except ValueError as err:  # e.g. a character outside a character-level vocabulary
-                raise APIError(400, f"prompt: {err}") from None
-        else:  # token ids
-            ids = list(prompts[0])
-            vocab = model.config.vocab_size
-            bad = [i for i in ids if not 0 <= i < vocab]
-            if bad:
-                raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary"
-                                    f" (0 to {vocab - 1})")  # fmt: skip
-        if not ids:
-            raise APIError(400, "prompt: empty (it must have at least one token)")
-        if len(ids) > prompt_limit:
-            raise APIError(400, f"prompt: {len(ids)} tokens; this server takes at most"
-                                f" {prompt_limit} (max_prompt_tokens; context {max_len})")  # fmt: skip
-        if body.max_tokens > new_limit:
-            raise APIError(400, f"max_tokens={body.max_tokens}: at most {new_limit}")
-        if len(ids) + body.max_tokens > max_len:
-            raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({body.max_tokens})"
-                                f" exceed the context of {max_len} tokens")  # fmt: skip
-        vocab = model.config.vocab_size
-        if body.top_k is not None and body.top_k > vocab:
-            raise APIError(400, f"top_k={body.top_k}: the vocabulary has {vocab} tokens")
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise APIError(400, "stop: up to 4 non-empty strings")
-        sampling = SamplingConfig(temperature=body.temperature,
-                                  top_p=None if body.top_p >= 1.0 else body.top_p,
-                                  top_k=body.top_k)  # fmt: skip
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def emit(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        request = EngineRequest(ids, body.max_tokens, sampling, body.seed, stops, emit)
-        engine.submit(request)
-        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
-        head = {"id": rid, "object": "text_completion", "created": int(time.time()),
-                "model": name}  # fmt: skip
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-
-        def usage() -> dict[str, int]:
-            return {"prompt_tokens": len(ids), "completion_tokens": len(request.tokens),
-                    "total_tokens": len(ids) + len(request.tokens)}  # fmt: skip
-
-        if body.stream:
-
-            async def sse() -> AsyncIterator[str]:
-                try:
-                    while True:
-                        event = await events.get()
-                        if event.kind == "error":
-                            yield f"data: {json.dumps({'error': {'message': event.text}})}\n\n"
-                            break
-                        done = event.kind == "done"
-                        if event.kind == "token" and not event.text:
-                            continue
-                        choice = {"text": event.text, "index": 0, "logprobs": None,
-                                  "finish_reason": event.finish_reason if done else None}  # fmt: skip
-                        yield f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
-                        if done:
-                            if include_usage:  # OpenAI's last chunk: no choices, the usage
-                                yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage()})}\n\n"
-                            yield "data: [DONE]\n\n"
-                            break
-                finally:
-                    request.cancel()  # a no-op once finished; frees the row if the client left
-
-            # The cancel also runs as a background task: a client gone before the first event
-            # never enters sse()'s finally.
-            return StreamingResponse(
-                sse(), media_type="text/event-stream", background=BackgroundTask(request.cancel)
-            )
-
+        if not isinstance(prompts[0], str):
+            return list(prompts[0])
         try:
-            checked = time.monotonic()
-            while True:
-                try:
-                    event: Event | None = await asyncio.wait_for(events.get(), timeout=0.25)
-                except TimeoutError:
-                    event = None
-                # Whether the client is still there, every quarter second whether or not
-                # tokens arrive (they arrive every few ms): a client that gave up must not
-                # hold its row until max_tokens.
-                if time.monotonic() - checked >= 0.25:
-                    checked = time.monotonic()
-                    if await http.is_disconnected():
-                        request.cancel()
-                        raise APIError(499, "client closed the request")
-                if event is None:
-                    continue
-                if event.kind == "error":
-                    raise APIError(500, event.text, "server_error")
-                if event.kind == "done":
-                    break
-        except asyncio.CancelledError:
-            request.cancel()
-            raise
-        choice = {"text": request.text, "index": 0, "logprobs": None,
-                  "finish_reason": request.finish_reason}  # fmt: skip
-        return {**head, "choices": [choice], "usage": usage()}
+            return tokenizer.encode(prompts[0])
+        except ValueError as err:  # e.g. a character outside a character-level vocabulary
+            raise APIError(400, f"prompt: {err}") from None
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatBody, http: Request) -> Any:
+        completer = generating()
+        if not isinstance(tokenizer, BPETokenizer):
+            raise APIError(400, f"{name} has no chat template: use POST /v1/completions")
+        return await chat_completion(body, http, completer, tokenizer, name)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingBody) -> dict[str, Any]:
+        if embedder is None:
+            raise APIError(400, f"{name} is a {type(model).__name__}, not an encoder: it gives"
+                                " no embeddings")  # fmt: skip
+        return await embedder(body, name)
 
     @app.post("/v1/translate")
     async def translate_endpoint(body: TranslateBody) -> dict[str, Any]:
         if translator is None:
-            raise APIError(400, f"{name} is a language model: use POST /v1/completions")
+            use = "POST /v1/embeddings" if embedder is not None else "POST /v1/completions"
+            raise APIError(400, f"{name} is a {type(model).__name__}: use {use}")
         lines = [body.text] if isinstance(body.text, str) else body.text
         if not 1 <= len(lines) <= max_batch * 4:
             raise APIError(400, f"text: 1 to {max_batch * 4} lines per request")

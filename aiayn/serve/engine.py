@@ -142,7 +142,7 @@ class Engine:
         max_batch: int = 16,
         max_queue: int = 256,
         prefill_chunk: int = 128,
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         batching: bool = True,
         context: int | None = None,
     ) -> None:
@@ -153,7 +153,9 @@ class Engine:
             )
         self.model = model.eval()
         self.threads = torch.get_num_threads()
-        self.decode, self.eos_id, self.prefill_chunk = decode, eos_id, prefill_chunk
+        self.decode, self.prefill_chunk = decode, prefill_chunk
+        # the ids that end a request (any of them: a chat model's end of turn and of text)
+        self.eos = frozenset([eos_id] if isinstance(eos_id, int) else eos_id or ())
         self.max_batch = max_batch if batching else 1
         self.max_queue = max_queue
         self.pool = SlotPool(model, self.max_batch, context)  # rows of `context` positions
@@ -382,7 +384,7 @@ class Engine:
         r.tokens.append(token)
         reason = None
         text = incremental_text(r, self.decode)
-        if self.eos_id is not None and token == self.eos_id:
+        if token in self.eos:
             reason, text = "stop", self.decode(r.tokens[:-1])
         else:
             found = [text.find(s, max(0, len(r.text) - len(s))) for s in r.stop]

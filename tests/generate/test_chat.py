@@ -5,56 +5,20 @@ end ids, and ``aiayn chat`` / ``aiayn generate`` stream it in the terminal."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from aiayn.cli import main
 from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.chat import Chat, end_ids
 from aiayn.interop.generation_config import generation_of
 from aiayn.interop.hf_folder import load_checkpoint
+from tests.conftest import chat_folder
 
-CHATML = (
-    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-TEXT = ["hello there, how are you today?", "the cat sat on the mat", "café 東京 🙂 2026"] * 30
 GREEDY = SamplingConfig(temperature=0)
-
-
-def chat_folder(root: Path, eos: list[int] | None, template: str | None = CHATML) -> Path:
-    """A small GPT-2 chat folder: byte-level BPE with ChatML's tokens, perturbed weights."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
-    tok.train_from_iterator(TEXT, trainer)
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=tok.get_vocab_size(),
-                                  n_positions=96, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    model = transformers.GPT2LMHeadModel(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    folder = root / "chat"
-    model.save_pretrained(folder)
-    tok.save(str(folder / "tokenizer.json"))
-    config: dict[str, object] = {"eos_token": "<|endoftext|>",
-                                 "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
-    if template is not None:
-        config["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    if eos is not None:
-        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    return folder
 
 
 @pytest.fixture(scope="module")

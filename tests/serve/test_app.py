@@ -8,7 +8,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,8 +17,6 @@ import httpx2 as httpx
 import openai
 import pytest
 import torch
-import uvicorn
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import aiayn
@@ -30,7 +28,7 @@ from aiayn.models import DecoderLM, EncoderDecoder
 from aiayn.serve.app import create_app
 from aiayn.serve.engine import Engine, QueueFull
 from aiayn.serve.engine import Request as EngineRequest
-from tests.serve.kinds import sharpen, tiny_lm
+from tests.serve.support import served, sharpen, tiny_lm, wait_until
 
 TEXT = "the quick brown fox jumps over the lazy dog. "
 GREEDY = SamplingConfig(temperature=0)
@@ -56,35 +54,8 @@ def client(**kw: object) -> Iterator[tuple[TestClient, DecoderLM, CharTokenizer]
         yield c, m, tok
 
 
-@contextmanager
-def served(app: FastAPI) -> Iterator[str]:
-    """``app`` on a real socket (a free port on 127.0.0.1), in a thread."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
 def metrics(text: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(r"^aiayn_(\w+) (\S+)$", text, re.M)}
-
-
-def wait_until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    """Wait for ``condition`` (polled); fail with ``what`` if it has not held in ``timeout``
-    seconds.  The timeout only bounds a hang: no result depends on how fast the host is."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 class Pause:

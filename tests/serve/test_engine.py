@@ -12,7 +12,7 @@ import torch
 from aiayn.generate import SamplingConfig, generate
 from aiayn.models import DecoderLM
 from aiayn.serve.engine import Engine, Event, QueueFull, Request
-from tests.serve.kinds import sharpen, tiny_lm
+from tests.serve.support import sharpen, tiny_lm
 
 GREEDY = SamplingConfig(temperature=0)
 

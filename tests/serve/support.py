@@ -1,4 +1,5 @@
-"""The decoder-only model kinds the serving tests compare with offline generation.
+"""What the serving tests share: an app served on a real socket, a bounded wait, and the
+decoder-only model kinds they compare with offline generation.
 
 Each positional scheme meets the pool's per-row positions in its own code (learned: an
 embedding lookup; RoPE: rotated queries and keys; ALiBi: a bias from query and key
@@ -7,7 +8,14 @@ positions), and grouped-query attention shares each key/value head between query
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import torch
+import uvicorn
+from fastapi import FastAPI
 
 import aiayn
 from aiayn.models import DecoderLM
@@ -45,3 +53,30 @@ def sharpen(m: DecoderLM, std: float = 0.3) -> DecoderLM:
         if p.dim() == 2:
             p.copy_(torch.randn(p.shape, generator=g) * std)
     return m
+
+
+@contextmanager
+def served(app: FastAPI) -> Iterator[str]:
+    """``app`` on a real socket (a free port on 127.0.0.1), in a thread."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Wait for ``condition`` (polled); fail with ``what`` if it has not held in ``timeout``
+    seconds.  The timeout only bounds a hang: no result depends on how fast the host is."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)

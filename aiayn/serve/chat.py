@@ -1,0 +1,126 @@
+"""``POST /v1/chat/completions``: OpenAI's chat API over the checkpoint's own chat template.
+
+The messages are rendered with the folder's ``chat_template`` as transformers'
+``apply_chat_template(..., add_generation_prompt=True)`` renders them
+(aiayn/interop/chat_template.py), and the engine continues that text until an end id (the
+generation settings' EOS ids or the tokenizer's ``eos_token``), a stop string or the length
+limit.  The answer is ``chat.completion`` (the reply as the assistant's message), or, with
+``stream``, ``chat.completion.chunk`` events: the role first, then the text as it comes, then
+the finish reason, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from aiayn.data.tokenizer import BPETokenizer
+from aiayn.generate.sampling import SamplingConfig
+from aiayn.interop.chat_template import ChatTemplateError, chat_ids
+from aiayn.serve.completion import Completer, usage
+from aiayn.serve.engine import Event
+from aiayn.serve.errors import APIError
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    """One message; ``content`` as a string or OpenAI's list of text parts."""
+
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... reach the template
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):  # [{"type": "text", "text": ...}, ...]
+            kinds = {part.get("type") for part in self.content}
+            if kinds - {"text"}:
+                raise APIError(400, f"messages: only text parts are served, not {kinds - {'text'}}")
+            message["content"] = "".join(str(part.get("text", "")) for part in self.content)
+        return message
+
+
+class ChatBody(BaseModel):
+    """OpenAI's chat request: the fields served, those refused by name, any other ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+    # Not served: refused by name, since a client asking for them would read empty fields.
+    tools: list[dict[str, Any]] | None = None
+    logprobs: bool = False
+    response_format: dict[str, Any] | None = None
+
+
+async def chat_completion(
+    body: ChatBody, http: Request, completer: Completer, tokenizer: BPETokenizer, name: str
+) -> Any:
+    """The handler's work (module docstring)."""
+    refused = [key for key, on in (("tools", body.tools), ("logprobs", body.logprobs),
+                                   ("response_format", body.response_format)) if on]  # fmt: skip
+    if refused:
+        raise APIError(400, f"{', '.join(refused)}: not supported by this server")
+    try:
+        ids = chat_ids(tokenizer, [m.as_template_input() for m in body.messages])
+    except ChatTemplateError as err:
+        raise APIError(400, f"messages: {err}") from None
+    except ValueError as err:  # no chat template: not a chat model
+        raise APIError(400, f"{name}: {err}") from None
+    room = completer.context - len(ids)
+    max_tokens = body.max_completion_tokens or body.max_tokens or min(room, completer.new_limit)
+    stops = completer.check(ids, max_tokens, body.top_k, body.stop)
+    sampling = SamplingConfig(temperature=body.temperature,
+                              top_p=None if body.top_p >= 1.0 else body.top_p,
+                              top_k=body.top_k)  # fmt: skip
+    request, events = completer.submit(ids, max_tokens, sampling, body.seed, stops)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": name}
+    if not body.stream:
+        await completer.wait(request, events, http)
+        message = {"role": "assistant", "content": request.text}
+        choice = {"index": 0, "message": message, "finish_reason": request.finish_reason,
+                  "logprobs": None}  # fmt: skip
+        return {**head, "object": "chat.completion", "choices": [choice],
+                "usage": usage(len(ids), request)}  # fmt: skip
+    chunk_head = {**head, "object": "chat.completion.chunk"}
+    started = False
+
+    def chunks(event: Event) -> list[dict[str, Any]]:
+        nonlocal started
+        out = []
+        if not started:  # the first chunk names the role
+            started = True
+            delta = {"role": "assistant", "content": ""}
+            out.append({**chunk_head, "choices": [{"index": 0, "delta": delta,
+                                                   "finish_reason": None}]})  # fmt: skip
+        if event.text:
+            out.append({**chunk_head, "choices": [{"index": 0, "delta": {"content": event.text},
+                                                   "finish_reason": None}]})  # fmt: skip
+        if event.kind == "done":
+            out.append({**chunk_head, "choices": [{"index": 0, "delta": {},
+                                                   "finish_reason": event.finish_reason}]})  # fmt: skip
+        return out
+
+    def closing() -> list[dict[str, Any]]:
+        if body.stream_options is None or not body.stream_options.include_usage:
+            return []
+        return [{**chunk_head, "choices": [], "usage": usage(len(ids), request)}]
+
+    return completer.stream(request, events, chunks, closing)

@@ -1,0 +1,147 @@
+"""What ``/v1/completions`` and ``/v1/chat/completions`` share: checking a request against the
+server's limits, handing it to the engine, and waiting for its tokens -- all at once, or as
+server-sent events.
+
+A request's tokens come from the engine's thread as :class:`~aiayn.serve.engine.Event` s,
+through an asyncio queue.  A client that disconnects cancels its request, and the engine frees
+its row at the next step: a streaming client when its stream closes, a waiting one when the
+server looks (every quarter second, tokens or not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from aiayn.generate.sampling import SamplingConfig
+from aiayn.serve.engine import Engine, Event
+from aiayn.serve.engine import Request as EngineRequest
+from aiayn.serve.errors import APIError
+
+Chunks = Callable[[Event], Iterable[dict[str, Any]]]  # an event as the stream's JSON chunks
+
+
+class Completer:
+    """The engine behind the completion endpoints, with the server's limits: prompts of at
+    most ``prompt_limit`` tokens, at most ``new_limit`` new ones, ``context`` in all."""
+
+    def __init__(
+        self, engine: Engine, vocab: int, context: int, prompt_limit: int, new_limit: int
+    ) -> None:
+        self.engine, self.vocab, self.context = engine, vocab, context
+        self.prompt_limit, self.new_limit = prompt_limit, new_limit
+
+    def check(self, ids: list[int], max_tokens: int, top_k: int | None, stop: Any) -> list[str]:
+        """Raise a 400 naming what breaks a limit; return the stop strings as a list."""
+        if not ids:
+            raise APIError(400, "prompt: empty (it must have at least one token)")
+        bad = [i for i in ids if not 0 <= i < self.vocab]
+        if bad:
+            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary"
+                                f" (0 to {self.vocab - 1})")  # fmt: skip
+        if len(ids) > self.prompt_limit:
+            raise APIError(400, f"prompt: {len(ids)} tokens; this server takes at most"
+                                f" {self.prompt_limit} (max_prompt_tokens; context"
+                                f" {self.context})")  # fmt: skip
+        if max_tokens > self.new_limit:
+            raise APIError(400, f"max_tokens={max_tokens}: at most {self.new_limit}")
+        if len(ids) + max_tokens > self.context:
+            raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens})"
+                                f" exceed the context of {self.context} tokens")  # fmt: skip
+        if top_k is not None and top_k > self.vocab:
+            raise APIError(400, f"top_k={top_k}: the vocabulary has {self.vocab} tokens")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise APIError(400, "stop: up to 4 non-empty strings")
+        return stops
+
+    def submit(
+        self, ids: list[int], max_tokens: int, sampling: SamplingConfig, seed: int | None,
+        stops: list[str],
+    ) -> tuple[EngineRequest, asyncio.Queue[Event]]:  # fmt: skip
+        """Queue the request with the engine; its events arrive on the returned queue."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        request = EngineRequest(ids, max_tokens, sampling, seed, stops, emit)
+        self.engine.submit(request)
+        return request, events
+
+    @staticmethod
+    async def wait(request: EngineRequest, events: asyncio.Queue[Event], http: Request) -> None:
+        """Until the request is done; a client gone meanwhile cancels it (a 499)."""
+        try:
+            checked = time.monotonic()
+            while True:
+                try:
+                    event: Event | None = await asyncio.wait_for(events.get(), timeout=0.25)
+                except TimeoutError:
+                    event = None
+                # Whether the client is still there, every quarter second whether or not
+                # tokens arrive (they arrive every few ms): a client that gave up must not
+                # hold its row until max_tokens.
+                if time.monotonic() - checked >= 0.25:
+                    checked = time.monotonic()
+                    if await http.is_disconnected():
+                        request.cancel()
+                        raise APIError(499, "client closed the request")
+                if event is None:
+                    continue
+                if event.kind == "error":
+                    raise APIError(500, event.text, "server_error")
+                if event.kind == "done":
+                    return
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+
+    @staticmethod
+    def stream(
+        request: EngineRequest,
+        events: asyncio.Queue[Event],
+        chunks: Chunks,
+        closing: Callable[[], Iterable[dict[str, Any]]] = lambda: (),
+    ) -> StreamingResponse:
+        """Server-sent events: ``chunks(event)`` for each token and for the end, then
+        ``closing()`` (a usage chunk), then ``data: [DONE]``."""
+
+        async def sse() -> AsyncIterator[str]:
+            try:
+                while True:
+                    event = await events.get()
+                    if event.kind == "error":
+                        yield f"data: {json.dumps({'error': {'message': event.text}})}\n\n"
+                        break
+                    if event.kind == "token" and not event.text:
+                        continue
+                    for chunk in chunks(event):
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                    if event.kind == "done":
+                        for chunk in closing():
+                            yield f"data: {json.dumps(chunk)}\n\n"
+                        yield "data: [DONE]\n\n"
+                        break
+            finally:
+                request.cancel()  # a no-op once finished; frees the row if the client left
+
+        # The cancel also runs as a background task: a client gone before the first event
+        # never enters sse()'s finally.
+        return StreamingResponse(
+            sse(), media_type="text/event-stream", background=BackgroundTask(request.cancel)
+        )
+
+
+def usage(prompt_tokens: int, request: EngineRequest) -> dict[str, int]:
+    made = len(request.tokens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": made,
+            "total_tokens": prompt_tokens + made}  # fmt: skip

@@ -1,0 +1,92 @@
+"""``POST /v1/embeddings``: OpenAI's embeddings API for an encoder (BERT-family) checkpoint.
+
+Each input -- a string, or a list of token ids -- becomes one vector, pooled as the
+checkpoint's sentence-transformers recipe says (aiayn/interop/sentence_transformers.py), the
+same vectors ``aiayn embed`` writes.  ``encoding_format`` is ``float`` (a JSON list) or
+``base64`` (the float32 values' little-endian bytes, which the ``openai`` client asks for by
+default and decodes itself).  Requests run one at a time on a worker thread; at most
+``max_queue`` wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import threading
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.generate.encoder import embed_ids, sentence_embeddings
+from aiayn.interop.sentence_transformers import Pooling
+from aiayn.models import EncoderLM
+from aiayn.serve.engine import QueueFull
+from aiayn.serve.errors import APIError
+
+MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
+
+
+class EmbeddingBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+
+
+class Embedder:
+    """Embedding requests against one encoder, one at a time on a worker thread."""
+
+    def __init__(
+        self, model: EncoderLM, tokenizer: Tokenizer, pooling: Pooling, max_queue: int
+    ) -> None:
+        self.model, self.tokenizer, self.pooling = model, tokenizer, pooling
+        self.max_queue, self.waiting = max_queue, 0
+        self.count, self.busy = threading.Lock(), threading.Lock()
+
+    async def __call__(self, body: EmbeddingBody, name: str) -> dict[str, Any]:
+        if body.dimensions is not None:
+            raise APIError(400, f"dimensions={body.dimensions}: this model's vectors are not"
+                                " truncatable; leave it out")  # fmt: skip
+        inputs: list[Any] = [body.input] if isinstance(body.input, str) or (
+            body.input and isinstance(body.input[0], int)) else list(body.input)  # fmt: skip
+        if not 1 <= len(inputs) <= MAX_INPUTS:
+            raise APIError(400, f"input: 1 to {MAX_INPUTS} inputs per request")
+        with self.count:
+            if self.waiting > self.max_queue:
+                raise QueueFull(f"{self.waiting} embedding requests are queued (max_queue)")
+            self.waiting += 1
+        try:
+            vectors, tokens = await asyncio.to_thread(self._run, inputs)
+        except ValueError as err:  # an empty or over-long input, named by its number
+            raise APIError(400, f"input: {err}") from None
+        finally:
+            with self.count:
+                self.waiting -= 1
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
+                for i, v in enumerate(vectors)]  # fmt: skip
+        return {"object": "list", "data": data, "model": name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+
+    def _run(self, inputs: list[Any]) -> tuple[np.ndarray, int]:
+        with self.busy, torch.inference_mode():
+            if all(isinstance(i, str) for i in inputs):
+                vectors = sentence_embeddings(self.model, self.tokenizer, inputs,
+                                              pooling=self.pooling)  # fmt: skip
+                tokens = sum(len(self.tokenizer.encode(t)) for t in inputs)
+            elif all(isinstance(i, list) for i in inputs):
+                vectors = embed_ids(self.model, inputs, pooling=self.pooling)
+                tokens = sum(len(i) for i in inputs)
+            else:
+                raise ValueError("give texts or lists of token ids, not both")
+        return vectors.numpy(), tokens
+
+
+def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]

