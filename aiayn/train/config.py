@@ -166,16 +166,58 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A training run: the model, its data, how to train it, and ``init_from``: the folder (a
+    Hugging Face checkpoint or an aiayn one) whose weights and tokenizer the run starts from
+    (fine-tuning; None trains from scratch)."""
+
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
+    init_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.to_dict(),
             "data": dataclasses.asdict(self.data),
             "train": dataclasses.asdict(self.train),
+            "init_from": self.init_from,
         }
+
+
+# What a fine-tuning run may set differently from the checkpoint it starts from.
+TUNABLE = ("dropout", "attention_backend")
+
+
+def _initial_model(init_from: str, settings: dict[str, Any], where: Path) -> ModelConfig:
+    """The model of the folder ``init_from`` names (its architecture is read from it): a
+    ``[model]`` setting that contradicts it is an error naming each one, except
+    :data:`TUNABLE` ones, which the run may change."""
+    from aiayn.checkpoint.model import read_config
+    from aiayn.interop.hf_folder import is_hf_folder, read_hf_config
+
+    folder = Path(init_from)
+    if not folder.is_dir():
+        raise ValueError(f"[model] init_from = {init_from!r} in {where}: no such folder")
+    base = read_hf_config(folder) if is_hf_folder(folder) else read_config(folder)
+    if "preset" in settings:
+        raise ValueError(
+            f"[model] in {where} names both preset and init_from: the architecture comes from"
+            f" {init_from}; leave preset out"
+        )
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(ModelConfig)})
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in [model] of {where}")
+    contradict = [
+        f"{key} = {value!r} ({init_from} has {getattr(base, key)!r})"
+        for key, value in settings.items()
+        if key not in TUNABLE and value != getattr(base, key)
+    ]
+    if contradict:
+        raise ValueError(
+            f"[model] in {where} contradicts the model it starts from: {'; '.join(contradict)}."
+            f" Leave these out (only {', '.join(TUNABLE)} may change when fine-tuning)"
+        )
+    return base.replace(**{k: v for k, v in settings.items() if k in TUNABLE})
 
 
 def _build(cls: type, table: dict[str, Any], where: str) -> Any:
@@ -210,10 +252,17 @@ def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -
     if not isinstance(raw.get("model", {}), dict):
         raise ValueError(f"[model] must be a table of settings, got {raw['model']!r}")
     model_table = dict(raw.get("model", {}))
-    preset = model_table.pop("preset", None)
-    model = resolve_config(preset if preset is not None else ModelConfig(), **model_table)
+    init_from = model_table.pop("init_from", None)
+    if init_from is not None and not isinstance(init_from, str):
+        raise ValueError(f"[model] init_from = {init_from!r} in {p}: expected a folder's path")
+    if init_from is not None:
+        model = _initial_model(init_from, model_table, p)
+    else:
+        preset = model_table.pop("preset", None)
+        model = resolve_config(preset if preset is not None else ModelConfig(), **model_table)
     return RunConfig(
         model,
         _build(DataConfig, raw.get("data", {}), "data"),
         _build(TrainConfig, raw.get("train", {}), "train"),
+        init_from,
     )

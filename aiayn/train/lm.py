@@ -70,6 +70,24 @@ def _tokenizer(run: RunConfig, text: str) -> Tokenizer:
     return BPETokenizer.from_text(text, run.data.bpe_vocab_size)
 
 
+def initial_model(run: RunConfig, block_size: int) -> tuple[TransformerModel, Tokenizer]:
+    """The model and tokenizer a fine-tuning run starts from (``run.init_from``, an HF folder
+    or an aiayn checkpoint; nanoGPT's ``init_from``): its weights in fp32 in a model built from
+    ``run.model`` (the folder's architecture, with the run's dropout), and its own tokenizer."""
+    from aiayn.interop.hf_folder import load_checkpoint
+
+    assert run.init_from is not None
+    if block_size > run.model.max_len:
+        raise ValueError(
+            f"train.block_size={block_size}: {run.init_from} has positions for at most"
+            f" {run.model.max_len} tokens"
+        )
+    bundle = load_checkpoint(run.init_from)
+    model = build_model(run.model)
+    model.load_state_dict(bundle.model.state_dict())  # cast to the new model's fp32
+    return model, bundle.tokenizer
+
+
 def train_lm(
     run: RunConfig,
     out_dir: str | Path,
@@ -85,6 +103,8 @@ def train_lm(
     text = read_text(data_root / run.data.text)
 
     def build() -> tuple[TransformerModel, Tokenizer]:
+        if run.init_from is not None:
+            return initial_model(run, tc.block_size)
         tokenizer = _tokenizer(run, text)
         cfg = run.model.replace(
             vocab_size=tokenizer.vocab_size, max_len=max(run.model.max_len, tc.block_size)
