@@ -51,9 +51,15 @@ def _check_length(loaded: Loaded, ids: list[int], what: str) -> None:
 class Recorded:
     """Token labels and recorded scores of one (model, text, target)."""
 
-    def __init__(self, streams: dict[str, list[AttentionScores]], labels: dict[str, list[str]]):
+    def __init__(
+        self,
+        streams: dict[str, list[AttentionScores]],
+        labels: dict[str, list[str]],
+        target: str | None = None,
+    ) -> None:
         self.streams = streams
         self.labels = labels  # "source" / "target" token labels
+        self.target = target  # the target text read (an encoder-decoder's), else None
 
 
 _CACHE: OrderedDict[tuple[str, str, str | None], Recorded] = OrderedDict()
@@ -105,21 +111,34 @@ def image_view(loaded: Loaded, index: int, *, head: int | None = None) -> dict[s
 
 
 def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
-    """Run the model once on ``text`` (and ``target`` for an encoder-decoder) recording scores."""
+    """Run the model once on ``text`` (and ``target`` for an encoder-decoder) recording scores.
+
+    An encoder-decoder given no target reads its own translation of ``text`` (beam search,
+    as :func:`translation`): its decoder and cross-attention views then show what the model
+    attends to while it translates, never the source sentence read as if it were a target.
+    """
     _text_model(loaded)
-    key = (loaded.entry.name, text, target)
+    target = target if (target or "").strip() else None
+    key = (loaded.entry.name, text, target)  # cached by what was asked (a slider's moves)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
     model = loaded.model
+    if isinstance(model, EncoderDecoder) and target is None:
+        target = translation(loaded, text)["translation"]
+        if not target.strip():
+            raise NotApplicable(
+                "the model translates this text to nothing: type a target sentence to see the"
+                " decoder and cross-attention"
+            )
     src, src_labels = _encode(loaded, text, "text")
     labels = {"source": src_labels}
     if isinstance(model, EncoderDecoder):
         (src, labels["source"]), (tgt, labels["target"]) = as_trained(
             loaded.tokenizer,
             (src, src_labels),
-            _encode(loaded, target or text, "target", target=True),
+            _encode(loaded, target or "", "target", target=True),
         )
         _check_length(loaded, src, "text")
         _check_length(loaded, tgt, "target")
@@ -135,7 +154,7 @@ def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
     streams: dict[str, list[AttentionScores]] = {}
     for r in recorded:
         streams.setdefault(r.stream, []).append(r)
-    result = Recorded(streams, labels)
+    result = Recorded(streams, labels, target if isinstance(model, EncoderDecoder) else None)
     with _CACHE_LOCK:
         _CACHE[key] = result
         while len(_CACHE) > _CACHE_SIZE:
@@ -197,6 +216,7 @@ def attention_view(
     return {
         "stream": stream,
         "streams": list(rec.streams),
+        "target": rec.target,  # the target read: the one given, or the model's translation
         "layer": layer,
         "n_layers": len(layers),
         "head": head,

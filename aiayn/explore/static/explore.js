@@ -180,6 +180,10 @@ async function refreshAttention() {
     if (ask !== state.asked) return;
     state.view = view;
     drawHeatmap(view);
+    if (model.arch === "encoder-decoder" && !$("target").value.trim() && view.target) {
+      // No target typed: the server read the model's own translation; say which.
+      $("target").placeholder = `empty: reading the model's translation, "${view.target}"`;
+    }
     showError(null);
   } catch (err) {
     showError(err);
