@@ -390,9 +390,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = _train_overrides(args)
     run = load_run_config(args.config, overrides)
+    from aiayn.train.masked_lm import train_masked_lm
     from aiayn.train.vision import train_vision
 
-    trainers = {"decoder": train_lm, "encoder-decoder": train_translation}
+    trainers = {
+        "decoder": train_lm,
+        "encoder-decoder": train_translation,
+        "encoder": train_masked_lm,
+    }
     kind = "image" if run.model.image_size is not None else run.model.arch
     trainers["image"] = train_vision
     if kind not in trainers:

@@ -40,7 +40,7 @@ from aiayn.checkpoint.sharded import load_sharded
 from aiayn.config import ModelConfig, differing_fields
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
-from aiayn.models import DecoderLM, TransformerModel
+from aiayn.models import DecoderLM, EncoderLM, TransformerModel
 from aiayn.nn.linear import onednn_speedup, use_onednn
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.logger import RunLogger
@@ -353,10 +353,11 @@ def train_run(
 ) -> tuple[FitResult, Task]:
     """The skeleton every task shares: open (or resume) the run, build the model and
     tokenizer if new, make the task, fit."""
-    if run.init_from is not None and model_type is not DecoderLM:
+    if run.init_from is not None and model_type not in (DecoderLM, EncoderLM):
         raise ValueError(
-            f"[model] init_from: starting from a checkpoint is built for decoder-only language"
-            f" models; this run trains a {model_type.__name__} (train it from scratch)"
+            f"[model] init_from: starting from a checkpoint is built for language models"
+            f" (decoder-only, and encoders' masked-LM training); this run trains a"
+            f" {model_type.__name__} (train it from scratch)"
         )
     rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
     state: TrainState | None = None

@@ -148,4 +148,4 @@ def test_only_language_models_start_from_a_checkpoint(
     code = main(["train", str(tmp_path / "mt.toml"), "--out", str(tmp_path / "mt"),
                  "--data", str(tmp_path / "data")])  # fmt: skip
     assert code == 2
-    assert "built for decoder-only language models" in capsys.readouterr().err
+    assert "built for language models" in capsys.readouterr().err
