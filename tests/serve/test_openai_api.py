@@ -141,14 +141,14 @@ def test_embeddings_equal_sentence_transformers(minilm_want: np.ndarray) -> None
     with served(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         got = client.embeddings.create(model="minilm", input=TEXTS)  # base64, the default
-        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=2e-5)
+        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=1e-5)
         as_floats = client.embeddings.create(model="minilm", input=TEXTS[0],
                                              encoding_format="float")  # fmt: skip
-        np.testing.assert_allclose(as_floats.data[0].embedding, minilm_want[0], atol=2e-5)
+        np.testing.assert_allclose(as_floats.data[0].embedding, minilm_want[0], atol=1e-5)
         ids = [bundle.tokenizer.encode(t) for t in TEXTS]
         assert got.usage.prompt_tokens == sum(len(i) for i in ids)
         by_ids = client.embeddings.create(model="minilm", input=ids)
-        np.testing.assert_allclose([d.embedding for d in by_ids.data], minilm_want, atol=2e-5)
+        np.testing.assert_allclose([d.embedding for d in by_ids.data], minilm_want, atol=1e-5)
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"})
         assert r.status_code == 400 and "/v1/embeddings" in r.json()["error"]["message"]
         r = httpx.post(f"{url}/v1/embeddings", json={"input": ["ok", "word " * 300]})
@@ -178,7 +178,7 @@ def test_aiayn_serve_wires_pooling_and_the_api_key(minilm_want: np.ndarray) -> N
         wait_until(up, "aiayn serve did not start", timeout=120)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
         got = client.embeddings.create(model="minilm", input=TEXTS)
-        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=2e-5)
+        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=1e-5)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").embeddings.create(
                 model="minilm", input="x"
