@@ -361,7 +361,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"continuing the demo run in {rd.root}")
     result = train_translation(run, args.out, root, resume=resume, overwrite=not resume)
     _print_result(result)
-    model, tokenizer = _load_translator(str(result.checkpoint), _device(args))
+    model, tokenizer, _ = _load_translator(str(result.checkpoint), _device(args))
     print(summarize(model))
     test = multi30k(
         root / "multi30k", "test_2016_flickr", run.data.source_lang, run.data.target_lang
@@ -475,7 +475,9 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 def _load_translator(
     path: str, device: torch.device | None = None
-) -> tuple[EncoderDecoder, BPETokenizer | MarianTokenizer]:
+) -> tuple[EncoderDecoder, BPETokenizer | MarianTokenizer, GenerationIds]:
+    """A translation model, its tokenizer and its folder's generation ids (none for a model
+    aiayn trained)."""
     from aiayn.device import for_inference
 
     bundle = load_checkpoint(path)
@@ -486,13 +488,13 @@ def _load_translator(
         tokenizer, BPETokenizer | MarianTokenizer
     ):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
-    return model.eval(), tokenizer
+    return model.eval(), tokenizer, generation_of(bundle.run)
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from aiayn.generate.translate import translate
 
-    model, tokenizer = _load_translator(args.checkpoint, _device(args))
+    model, tokenizer, ids = _load_translator(args.checkpoint, _device(args))
     text_in = read_text(args.input) if args.input else sys.stdin.read()
     lines = split_lines(text_in)
     out = translate(
@@ -502,6 +504,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         beam=_beam(args),
         batch_size=args.batch_size,
         truncate=args.truncate,
+        generation=ids,
     )
     text = "".join(f"{line}\n" for line in out)
     if args.output:

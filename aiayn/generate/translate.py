@@ -16,6 +16,7 @@ from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
+from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.models import EncoderDecoder
 from aiayn.nn.linear import packed_for_rows
 
@@ -48,12 +49,25 @@ def translate(
     beam: BeamConfig | None = PAPER_BEAM,
     batch_size: int = 64,
     truncate: bool = False,
+    generation: GenerationIds = NONE,
 ) -> list[str]:
-    """Translations of ``lines`` (beam search, or greedy when ``beam`` is None)."""
+    """Translations of ``lines`` (beam search, or greedy when ``beam`` is None).
+
+    ``generation`` -- a Hugging Face folder's ids (generation_config.json): its decoder start,
+    end and padding ids replace the tokenizer's where it names them.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: translate at least 1 line per batch")
     limit = model.config.max_len
     bos, eos, pad_id, never = specials(tokenizer)
+    if len(generation.eos) > 1:
+        raise ValueError(
+            f"eos_token_id={list(generation.eos)}: translation ends at one end id; this folder"
+            " names several"
+        )
+    bos = generation.decoder_start if generation.decoder_start is not None else bos
+    eos = generation.eos[0] if generation.eos else eos
+    pad_id = generation.pad if generation.pad is not None else pad_id
     appends_eos = isinstance(tokenizer, MarianTokenizer)
     encoded: list[list[int] | None] = []
     for number, line in enumerate(lines, 1):

@@ -22,11 +22,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class GenerationIds:
-    """The ids that start (``bos``), pad and end (any of ``eos``) a generated text."""
+    """The ids that start (``bos``), pad and end (any of ``eos``) a generated text, and the
+    first id an encoder-decoder's decoder reads (``decoder_start``; Marian's is its pad)."""
 
     bos: int | None = None
     pad: int | None = None
     eos: tuple[int, ...] = ()
+    decoder_start: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "eos": list(self.eos)}
@@ -72,6 +74,7 @@ def read_generation(directory: str | os.PathLike[str]) -> GenerationIds:
         bos=_one(data.get("bos_token_id"), f"{path}: bos_token_id"),
         pad=_one(data.get("pad_token_id"), f"{path}: pad_token_id"),
         eos=_ids(data.get("eos_token_id"), f"{path}: eos_token_id"),
+        decoder_start=_one(data.get("decoder_start_token_id"), f"{path}: decoder_start_token_id"),
     )
 
 
@@ -85,4 +88,5 @@ def generation_of(run: Mapping[str, Any]) -> GenerationIds:
         bos=_one(stored.get("bos"), "run.json: generation.bos"),
         pad=_one(stored.get("pad"), "run.json: generation.pad"),
         eos=_ids(stored.get("eos"), "run.json: generation.eos"),
+        decoder_start=_one(stored.get("decoder_start"), "run.json: generation.decoder_start"),
     )

@@ -121,9 +121,14 @@ class _Translator:
     at a time on a worker thread; at most ``max_queue`` wait."""
 
     def __init__(
-        self, model: EncoderDecoder, tokenizer: BPETokenizer | MarianTokenizer, max_queue: int
+        self,
+        model: EncoderDecoder,
+        tokenizer: BPETokenizer | MarianTokenizer,
+        max_queue: int,
+        generation: GenerationIds = NONE,
     ) -> None:
         self.model, self.tokenizer, self.max_queue = model, tokenizer, max_queue
+        self.generation = generation  # the folder's decoder start / end / padding ids
         self.count, self.busy, self.waiting = threading.Lock(), threading.Lock(), 0
         self.stats = collections.Counter[str]()  # what /metrics reports
 
@@ -150,7 +155,9 @@ class _Translator:
 
     def _run(self, lines: list[str], config: BeamConfig | None) -> list[str]:
         with self.busy, torch.inference_mode():
-            return translate(self.model, self.tokenizer, lines, beam=config)
+            return translate(
+                self.model, self.tokenizer, lines, beam=config, generation=self.generation
+            )
 
 
 def create_app(
@@ -207,7 +214,7 @@ def create_app(
     elif isinstance(model, EncoderDecoder) and isinstance(
         tokenizer, BPETokenizer | MarianTokenizer
     ):
-        translator = _Translator(model, tokenizer, max_queue)
+        translator = _Translator(model, tokenizer, max_queue, generation)
     elif isinstance(model, EncoderLM) and model.config.image_size is None:
         embedder = Embedder(model, tokenizer, pooling, max_queue)
     else:

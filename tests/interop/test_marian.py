@@ -199,6 +199,48 @@ def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # 
     assert got == want
 
 
+def test_translation_ends_at_the_folders_own_end_id(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """generation_config.json decides where a translation ends, as in HF's generate: with its
+    eos_token_id set to a piece the model produces, translate (library and command) stops
+    there too, and the folder's decoder start and padding are read from it."""
+    import json
+
+    from aiayn.cli import main
+    from aiayn.generate.translate import translate
+    from aiayn.interop.generation_config import generation_of
+    from aiayn.interop.hf_folder import load_checkpoint
+
+    hf, vocab = _marian_folder(tmp_path)
+    theirs = _their_tokenizer(tmp_path)
+    line = "Ein Hund läuft über die Wiese."
+    batch = theirs([line], return_tensors="pt")
+    with torch.no_grad():
+        free = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=20,
+                           bad_words_ids=[[hf.config.pad_token_id]])[0, 1:].tolist()  # fmt: skip
+    assert free[0] != 0, free  # it would go on: the untrained model repeats one piece
+    stop = free[0]  # that piece made the folder's end id
+    config = json.loads((tmp_path / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": stop}))
+    hf = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=20,
+                          bad_words_ids=[[hf.config.pad_token_id]])  # fmt: skip
+    assert out[0, -1] == stop  # HF ended on it; its text is what came before (a real
+    want = theirs.decode(out[0, 1:-1], skip_special_tokens=True).strip()  # </s> is not shown)
+    bundle = load_checkpoint(tmp_path)
+    ids = generation_of(bundle.run)
+    assert ids.eos == (stop,) and ids.decoder_start == vocab["<pad>"]
+    got = translate(bundle.model.eval(), bundle.tokenizer, [line], beam=None, generation=ids)  # type: ignore[arg-type]
+    assert got == [want] and out.shape[1] == 2  # HF stopped at it too: start, end
+    ignored = translate(bundle.model, bundle.tokenizer, [line], beam=None)  # type: ignore[arg-type]
+    assert ignored != got  # without the folder's end id it runs on
+    (tmp_path / "in.txt").write_text(line + "\n")
+    args = ["translate", "--checkpoint", str(tmp_path), "--input", str(tmp_path / "in.txt"),
+            "--beam", "1"]  # fmt: skip
+    assert main(args) == 0
+    assert capsys.readouterr().out == want + "\n"
+
+
 def test_attention_views_frame_marian_pairs_as_hf_trains_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The attention pictures and the explorer feed a Marian model what HF's training feeds it:
     the source with its </s>, and the decoder input <pad> + the target cut by the *target*
