@@ -12,12 +12,13 @@ than one token (Llama 3's ``<|eot_id|>`` and ``<|end_of_text|>``; Qwen's ``<|im_
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from aiayn.interop.json_files import read_json_object
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,7 @@ def read_generation(directory: str | os.PathLike[str]) -> GenerationIds:
         path = folder / "config.json"
     if not path.is_file():
         return NONE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} should hold a JSON object, not {type(data).__name__}")
+    data = read_json_object(path)
     return GenerationIds(
         bos=_one(data.get("bos_token_id"), f"{path}: bos_token_id"),
         pad=_one(data.get("pad_token_id"), f"{path}: pad_token_id"),

@@ -13,11 +13,12 @@ real tokens, scaled to unit length -- the usual recipe.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from aiayn.interop.json_files import read_json, read_json_object
 
 # The modes sentence-transformers knows, in the order it concatenates them when a folder
 # asks for several (its legacy boolean keys map onto these names).
@@ -64,13 +65,6 @@ class Pooling:
 DEFAULT_POOLING = Pooling()
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from err
-
-
 def _modes(config: dict[str, Any], path: Path) -> tuple[str, ...]:
     """The pooling modes of a ``1_Pooling/config.json``, new (``pooling_mode``) or legacy."""
     if "pooling_mode" in config:
@@ -89,7 +83,7 @@ def read_pooling(directory: str | os.PathLike[str]) -> Pooling:
     modules_path = folder / "modules.json"
     if not modules_path.is_file():
         return DEFAULT_POOLING
-    modules = _read_json(modules_path)
+    modules = read_json(modules_path)
     if not isinstance(modules, list):
         raise ValueError(
             f"{modules_path} should hold a list of modules, not {type(modules).__name__}"
@@ -99,12 +93,12 @@ def read_pooling(directory: str | os.PathLike[str]) -> Pooling:
     if pooling is None:
         raise ValueError(f"{modules_path} has no {_POOLING_TYPE} module: aiayn cannot pool it")
     config_path = folder / str(pooling.get("path", "")) / "config.json"
-    config = _read_json(config_path)
+    config = read_json_object(config_path)
     modes = _modes(config, config_path)
     settings: dict[str, Any] = {}
     bert_config = folder / "sentence_bert_config.json"
     if bert_config.is_file():
-        settings = _read_json(bert_config)
+        settings = read_json_object(bert_config)
     return Pooling(
         modes,
         normalize=_NORMALIZE_TYPE in types,

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiayn.interop.json_files import read_json_object
+
 SPECIAL_NAMES = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
 )  # fmt: skip
@@ -53,16 +55,6 @@ class TokenizerSettings:
     chinese_chars: bool | None = None
     model_max_length: int | None = None
     chat_template: str | None = None
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} should hold a JSON object, not {type(data).__name__}")
-    return data
 
 
 def _content(value: Any, where: str) -> str | None:
@@ -92,10 +84,10 @@ def read_settings(directory: str | os.PathLike[str]) -> TokenizerSettings:
     """The folder's settings; all None / empty when it has neither file."""
     folder = Path(directory)
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
-    config = _read(config_path) if config_path.is_file() else {}
+    config = read_json_object(config_path) if config_path.is_file() else {}
     names = {k: config[k] for k in (*SPECIAL_NAMES, *EXTRA_NAMES) if k in config}
     if map_path.is_file() and "added_tokens_decoder" not in config:
-        names.update(_read(map_path))  # legacy layout: the map wins, as in transformers
+        names.update(read_json_object(map_path))  # legacy layout: the map wins, as in transformers
     special = {}
     for name in SPECIAL_NAMES:
         token = _content(names.get(name), f"{folder}: {name}")

@@ -49,14 +49,13 @@ from starlette.exceptions import HTTPException
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.generate.chat import end_ids
-from aiayn.generate.sampling import SamplingConfig
 from aiayn.generate.translate import translate
 from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
 from aiayn.serve.auth import require_api_key
-from aiayn.serve.chat import ChatBody, StreamOptions, chat_completion
-from aiayn.serve.completion import Completer, usage
+from aiayn.serve.chat import ChatBody, chat_completion
+from aiayn.serve.completion import Completer, SamplingBody, usage
 from aiayn.serve.embeddings import Embedder, EmbeddingBody
 from aiayn.serve.engine import Engine, EngineStopped, Event, QueueFull
 from aiayn.serve.errors import APIError, error_response
@@ -64,22 +63,12 @@ from aiayn.serve.errors import APIError, error_response
 EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 
 
-class CompletionBody(BaseModel):
+class CompletionBody(SamplingBody):
     """OpenAI's completion request: the fields this server uses, those it refuses by name, and
     any other ignored."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids
     max_tokens: Annotated[int, Field(ge=1)] = 16
-    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
     # Accepted by OpenAI but not served here: refused by name rather than ignored, since a
     # client that asks for them reads fields this server would leave empty.
     logprobs: int | None = None
@@ -341,10 +330,7 @@ def create_app(
             raise APIError(400, f"{', '.join(unsupported)}: not supported by this server")
         ids = prompt_ids(body.prompt)
         stops = completer.check(ids, body.max_tokens, body.top_k, body.stop)
-        sampling = SamplingConfig(temperature=body.temperature,
-                                  top_p=None if body.top_p >= 1.0 else body.top_p,
-                                  top_k=body.top_k)  # fmt: skip
-        request, events = completer.submit(ids, body.max_tokens, sampling, body.seed, stops)
+        request, events = completer.submit(ids, body.max_tokens, body.sampling(), body.seed, stops)
         head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
                 "created": int(time.time()), "model": name}  # fmt: skip
         if not body.stream:
@@ -360,7 +346,7 @@ def create_app(
             return [{**head, "choices": [choice]}]
 
         def closing() -> list[dict[str, Any]]:  # OpenAI's last chunk: no choices, the usage
-            if body.stream_options is None or not body.stream_options.include_usage:
+            if not body.include_usage():
                 return []
             return [{**head, "choices": [], "usage": usage(len(ids), request)}]
 

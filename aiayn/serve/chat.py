@@ -19,16 +19,10 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiayn.data.tokenizer import BPETokenizer
-from aiayn.generate.sampling import SamplingConfig
 from aiayn.interop.chat_template import ChatTemplateError, chat_ids
-from aiayn.serve.completion import Completer, usage
+from aiayn.serve.completion import Completer, SamplingBody, usage
 from aiayn.serve.engine import Event
 from aiayn.serve.errors import APIError
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
 
 
 class ChatMessage(BaseModel):
@@ -48,22 +42,12 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ChatBody(BaseModel):
+class ChatBody(SamplingBody):
     """OpenAI's chat request: the fields served, those refused by name, any other ignored."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
     # Not served: refused by name, since a client asking for them would read empty fields.
     tools: list[dict[str, Any]] | None = None
     logprobs: bool = False
@@ -87,10 +71,7 @@ async def chat_completion(
     room = completer.context - len(ids)
     max_tokens = body.max_completion_tokens or body.max_tokens or min(room, completer.new_limit)
     stops = completer.check(ids, max_tokens, body.top_k, body.stop)
-    sampling = SamplingConfig(temperature=body.temperature,
-                              top_p=None if body.top_p >= 1.0 else body.top_p,
-                              top_k=body.top_k)  # fmt: skip
-    request, events = completer.submit(ids, max_tokens, sampling, body.seed, stops)
+    request, events = completer.submit(ids, max_tokens, body.sampling(), body.seed, stops)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": name}
     if not body.stream:
         await completer.wait(request, events, http)
@@ -119,7 +100,7 @@ async def chat_completion(
         return out
 
     def closing() -> list[dict[str, Any]]:
-        if body.stream_options is None or not body.stream_options.include_usage:
+        if not body.include_usage():
             return []
         return [{**chunk_head, "choices": [], "usage": usage(len(ids), request)}]
 

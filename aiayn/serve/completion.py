@@ -14,10 +14,11 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from aiayn.generate.sampling import SamplingConfig
@@ -26,6 +27,36 @@ from aiayn.serve.engine import Request as EngineRequest
 from aiayn.serve.errors import APIError
 
 Chunks = Callable[[Event], Iterable[dict[str, Any]]]  # an event as the stream's JSON chunks
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class SamplingBody(BaseModel):
+    """The fields OpenAI's completion and chat requests share: how to sample, where to stop,
+    whether to stream.  Fields neither serves are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature,
+                              top_p=None if self.top_p >= 1.0 else self.top_p,
+                              top_k=self.top_k)  # fmt: skip
+
+    def include_usage(self) -> bool:
+        """Whether a stream ends with OpenAI's usage chunk (``stream_options``)."""
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class Completer:
