@@ -1029,6 +1029,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"aiayn: error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:  # an optional extra that is not installed
+        from aiayn.extras import advice
+
+        line = advice(err.name or "", getattr(args, "command", None))
+        if line is None:
+            raise
+        print(f"aiayn: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ LAYERS = {
     "config": 0,
     "registry": 0,
     "device": 0,
+    "extras": 0,  # which pip extra brings a missing package (imports nothing of aiayn)
     "nn": 1,
     "data": 1,
     "models": 2,

@@ -58,10 +58,10 @@ _GPT2_ACTIVATIONS_BACK = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu
 def _transformers() -> Any:
     try:
         import transformers
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "aiayn.interop.hf needs the optional 'transformers' package"
-            " (pip install transformers); aiayn itself does not depend on it"
+    except ImportError as err:  # the optional extra: aiayn.extras names it
+        raise ModuleNotFoundError(
+            "converting this Hugging Face checkpoint needs transformers: pip install 'aiayn[hf]'",
+            name="transformers",
         ) from err
     return transformers
 
