@@ -26,6 +26,7 @@ from torch import Tensor
 
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
+from aiayn.nn.cache import Cache
 from aiayn.nn.linear import on_gemv, packed_for_rows
 
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
@@ -67,6 +68,52 @@ def _prepare(
     return out
 
 
+def _left_padded(rows: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """(B, P) ids of ``rows`` padded on the left, and (B, P) True at their real tokens."""
+    b, p = len(rows), max(len(r) for r in rows)
+    ids = torch.zeros(b, p, dtype=torch.long, device=device)
+    real = torch.zeros(b, p, dtype=torch.bool, device=device)
+    for i, r in enumerate(rows):
+        ids[i, p - len(r) :] = torch.tensor(r, device=device)
+        real[i, p - len(r) :] = True
+    return ids, real
+
+
+class _Contexts:
+    """Each row's context past the model's ``max_len``, as it would be alone:
+    ``history[i, starts[i]:end]``.
+
+    A row whose context would pass ``max_len`` keeps its last ``max_len - 1`` tokens, as
+    nanoGPT crops its context, and re-reads them (their positions restart at 0); the others
+    go on with the cache.  The batch's cache is as long as its longest row, so a re-read
+    re-reads every row from its own start: rows that did not slide lose nothing.
+    """
+
+    def __init__(self, model: DecoderLM, ids: Tensor, starts: Tensor, max_new_tokens: int) -> None:
+        self.model, self.max_len = model, model.config.max_len
+        self.history = torch.cat(
+            [ids, ids.new_zeros(ids.shape[0], max_new_tokens)], 1
+        )  # (B, P + N)
+        self.starts = starts  # (B,) where each row's context begins in history
+        self.end = ids.shape[1]  # history's filled columns
+
+    def feed(self, nxt: Tensor, cache: Cache) -> tuple[Tensor, Cache]:
+        """(B, V) logits after the (B,) tokens ``nxt``, and the cache to go on with."""
+        self.history[:, self.end] = nxt
+        self.end += 1
+        full = self.end - self.starts > self.max_len  # (B,) rows whose context overflows
+        if not bool(full.any()):
+            return self.model(nxt[:, None], cache=cache)[:, -1], cache
+        self.starts = torch.where(full, self.end - self.max_len + 1, self.starts)
+        first = int(self.starts.min())
+        window = self.history[:, first : self.end]  # (B, W), W <= max_len
+        positions = torch.arange(first, self.end, device=window.device)
+        real = positions[None, :] >= self.starts[:, None]  # (B, W)
+        cache = self.model.new_cache(window.shape[0], self.max_len)
+        mask = None if bool(real.all()) else real
+        return self.model(window, attention_mask=mask, cache=cache)[:, -1], cache
+
+
 @torch.no_grad()
 def stream(
     model: DecoderLM,
@@ -93,12 +140,8 @@ def stream(
     device = model.head.weight.device
     eos = _eos_ids(eos_id)
     stop_ids = torch.tensor(eos, dtype=torch.long, device=device)  # (E,)
-    b, p = len(rows), max(len(r) for r in rows)
-    ids = torch.zeros(b, p, dtype=torch.long, device=device)
-    real = torch.zeros(b, p, dtype=torch.bool, device=device)
-    for i, r in enumerate(rows):  # left padding
-        ids[i, p - len(r) :] = torch.tensor(r, device=device)
-        real[i, p - len(r) :] = True
+    ids, real = _left_padded(rows, device)  # (B, P)
+    b, p = ids.shape
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -123,11 +166,10 @@ def stream(
             # aiayn/nn/linear.py, where this host runs it faster than F.linear); other dtypes
             # and hosts stay on torch's threads.
             torch.set_num_threads(1)
-        # Each row's context, as it would be alone: history[i, starts[i]:end] (below).
-        slides = p + max_new_tokens > cfg.max_len
-        if slides:  # (B, P + N): every token, to re-read a row's last max_len - 1 when full
-            history = torch.cat([ids, ids.new_zeros(b, max_new_tokens)], 1)
+        contexts = None
+        if p + max_new_tokens > cfg.max_len:  # some row's context may pass max_len
             starts = torch.tensor([p - len(r) for r in rows], device=device)  # (B,)
+            contexts = _Contexts(model, ids, starts, max_new_tokens)
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
             nxt = choose_next(logits, sampling, seen=seen, generator=generator)  # (B,)
@@ -139,26 +181,10 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
-            if not slides:
+            if contexts is None:
                 logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V)
-                continue
-            end = p + step + 1
-            history[:, end - 1] = nxt
-            full = end - starts > cfg.max_len  # (B,) rows whose context would overflow
-            if not bool(full.any()):
-                logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V)
-                continue
-            # A row whose context is full keeps its last max_len - 1 tokens, like nanoGPT, and
-            # re-reads them (their positions restart at 0).  The batch's cache is as long as
-            # its longest row, so every row is re-read from its own start: each row's window
-            # is the one it would have alone, and rows that did not slide lose nothing.
-            starts = torch.where(full, end - cfg.max_len + 1, starts)
-            first = int(starts.min())
-            window = history[:, first:end]  # (B, W), W <= max_len
-            window_real = torch.arange(first, end, device=device)[None, :] >= starts[:, None]
-            cache = model.new_cache(b, cfg.max_len)
-            mask = None if bool(window_real.all()) else window_real
-            logits = model(window, attention_mask=mask, cache=cache)[:, -1]
+            else:
+                logits, cache = contexts.feed(nxt, cache)
     finally:
         torch.set_num_threads(threads)
         packing.close()
