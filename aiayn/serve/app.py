@@ -34,7 +34,6 @@ import asyncio
 import collections
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -55,26 +54,12 @@ from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
 from aiayn.serve.auth import require_api_key
 from aiayn.serve.chat import ChatBody, chat_completion
-from aiayn.serve.completion import Completer, SamplingBody, usage
+from aiayn.serve.completion import Completer, CompletionBody, text_completion
 from aiayn.serve.embeddings import Embedder, EmbeddingBody
-from aiayn.serve.engine import Engine, EngineStopped, Event, QueueFull
+from aiayn.serve.engine import Engine, EngineStopped, QueueFull
 from aiayn.serve.errors import APIError, error_response
 
 EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
-
-
-class CompletionBody(SamplingBody):
-    """OpenAI's completion request: the fields this server uses, those it refuses by name, and
-    any other ignored."""
-
-    prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids
-    max_tokens: Annotated[int, Field(ge=1)] = 16
-    # Accepted by OpenAI but not served here: refused by name rather than ignored, since a
-    # client that asks for them reads fields this server would leave empty.
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
 
 
 class TranslateBody(BaseModel):
@@ -149,83 +134,22 @@ class _Translator:
             )
 
 
-def create_app(
-    model: TransformerModel,
-    tokenizer: Tokenizer,
-    *,
-    name: str = "aiayn",
-    max_batch: int = 16,
-    max_queue: int = 64,
-    max_prompt_tokens: int | None = None,
-    max_new_tokens: int | None = None,
-    prefill_chunk: int = 128,
-    batching: bool = True,
-    start_engine: bool = True,
-    context: int | None = None,
-    generation: GenerationIds = NONE,
-    pooling: Pooling = DEFAULT_POOLING,
-    api_key: str | None = None,
-) -> FastAPI:
-    """The app serving ``model``.  Its engine (``app.state.engine``; None for translation and
-    embeddings) starts with the app and stops with it, on a thread of its own -- unless
-    ``start_engine`` is False: then the caller runs ``engine.run()`` (``aiayn serve`` does, in
-    the main thread).  ``context`` is the longest prompt + completion a request may have:
-    every KV row of the pool holds that many positions (default: the model's max_len, at most
-    4,096).  ``generation`` holds the checkpoint's end ids (generation_config.json),
-    ``pooling`` an encoder's sentence-embedding recipe, ``api_key`` the bearer token
-    ``/v1/...`` requests must carry."""
-    engine: Engine | None = None
-    translator: _Translator | None = None
-    embedder: Embedder | None = None
+def _context(model_max_len: int, context: int | None, **limits: int | None) -> int:
+    """The context every request shares (at most 4,096 by default), once the server's limits
+    are checked: each a clear error naming the setting."""
     unset = " (or unset: the context)"
-    for key, value, least, note in (("max_batch", max_batch, 1, ""), ("max_queue", max_queue, 0, ""),
-                                    ("prefill_chunk", prefill_chunk, 1, ""),
-                                    ("max_prompt_tokens", max_prompt_tokens, 1, unset),
-                                    ("max_new_tokens", max_new_tokens, 1, unset)):  # fmt: skip
+    for key, value in limits.items():
+        least = 0 if key == "max_queue" else 1
+        note = unset if key in ("max_prompt_tokens", "max_new_tokens") else ""
         if value is not None and value < least:
             raise ValueError(f"{key}={value}: expected at least {least}{note}")
-    max_len = min(model.config.max_len, context or 4096)
-    if context is not None and not 2 <= context <= model.config.max_len:
-        raise ValueError(
-            f"context={context}: expected 2 to the model's max_len={model.config.max_len}"
-        )
-    if isinstance(model, DecoderLM):
-        engine = Engine(
-            model,
-            tokenizer.decode,
-            max_batch=max_batch,
-            max_queue=max_queue,
-            prefill_chunk=prefill_chunk,
-            eos_id=stop_ids(tokenizer, generation),
-            batching=batching,
-            context=max_len,
-        )
-    elif isinstance(model, EncoderDecoder) and isinstance(
-        tokenizer, BPETokenizer | MarianTokenizer
-    ):
-        translator = _Translator(model, tokenizer, max_queue, generation)
-    elif isinstance(model, EncoderLM) and model.config.image_size is None:
-        embedder = Embedder(model, tokenizer, pooling, max_queue)
-    else:
-        raise ValueError(f"a {type(model).__name__} cannot be served: it does not generate text")
-    prompt_limit = max_len - 1 if max_prompt_tokens is None else min(max_prompt_tokens, max_len - 1)
-    new_limit = max_len if max_new_tokens is None else max_new_tokens
+    if context is not None and not 2 <= context <= model_max_len:
+        raise ValueError(f"context={context}: expected 2 to the model's max_len={model_max_len}")
+    return min(model_max_len, context or 4096)
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if engine is not None and start_engine:
-            engine.start()
-        yield
-        if engine is not None and start_engine:
-            engine.stop()
 
-    app = FastAPI(title="aiayn serve", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.engine = engine
-    if api_key is not None:
-        require_api_key(app, api_key)
-    completer = None if engine is None else Completer(
-        engine, model.config.vocab_size, max_len, prompt_limit, new_limit)  # fmt: skip
-    created = int(time.time())
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape, with the status that says what went wrong."""
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError) -> JSONResponse:
@@ -251,6 +175,130 @@ def create_app(
     async def stopped(_: Request, err: EngineStopped) -> JSONResponse:
         return error_response(503, str(err), "server_error")
 
+
+def prometheus_text(engine: Engine | None, translator: _Translator | None) -> str:
+    """``GET /metrics``: the engine's (or the translator's) counters and gauges, in
+    Prometheus' text format."""
+    lines = []
+
+    def metric(key: str, kind: str, help_: str, value: float) -> None:
+        # Exact: counters past a million must still show every increment (``rate()``).
+        text = str(value) if isinstance(value, int) else repr(float(value))
+        lines.extend([f"# HELP aiayn_{key} {help_}", f"# TYPE aiayn_{key} {kind}",
+                      f"aiayn_{key} {text}"])  # fmt: skip
+
+    if translator is not None:
+        t = translator.stats
+        metric("requests_total", "counter", "Translation requests accepted.", t["requests"])
+        metric("requests_rejected_total", "counter", "Requests refused: queue full (429).",
+               t["rejected"])  # fmt: skip
+        metric("requests_failed_total", "counter", "Requests that failed (4xx, 5xx).",
+               t["failed"])  # fmt: skip
+        metric("lines_translated_total", "counter", "Lines translated.", t["lines"])
+        metric("queue_depth", "gauge", "Requests waiting for or in translation.",
+               translator.waiting)  # fmt: skip
+    if engine is None:
+        return "\n".join(lines) + "\n"
+    g, s = engine.gauges(), engine.stats
+    metric("requests_total", "counter", "Completion requests accepted.", s["requests"])
+    for reason in ("stop", "length", "cancelled", "error"):
+        metric(f"requests_finished_{reason}_total", "counter",
+               f"Requests finished with reason {reason}.", s[f"finished_{reason}"])  # fmt: skip
+    metric("tokens_generated_total", "counter", "Tokens generated.", s["tokens"])
+    metric("tokens_per_second", "gauge", "Tokens generated per second, last 10 s.",
+           g["tokens_per_second"])  # fmt: skip
+    metric("queue_depth", "gauge", "Requests waiting for a row.", g["queue_depth"])
+    metric("running_batch_size", "gauge", "Requests decoding together.", g["running"])
+    metric("cache_slots_in_use", "gauge", "KV-cache rows held by requests.", g["slots_in_use"])
+    metric("cache_slots_total", "gauge", "KV-cache rows in the pool.", g["slots_total"])
+    return "\n".join(lines) + "\n"
+
+
+def _worker(
+    model: TransformerModel, tokenizer: Tokenizer, *, max_batch: int, max_queue: int,
+    prefill_chunk: int, batching: bool, context: int, generation: GenerationIds, pooling: Pooling,
+) -> tuple[Engine | None, _Translator | None, Embedder | None]:  # fmt: skip
+    """What answers the requests: the generation engine of a decoder-only model, the
+    translator of an encoder-decoder, or the embedder of an encoder (the others are None)."""
+    if isinstance(model, DecoderLM):
+        return (
+            Engine(
+                model,
+                tokenizer.decode,
+                max_batch=max_batch,
+                max_queue=max_queue,
+                prefill_chunk=prefill_chunk,
+                eos_id=stop_ids(tokenizer, generation),
+                batching=batching,
+                context=context,
+            ),
+            None,
+            None,
+        )
+    if isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer | MarianTokenizer):
+        return None, _Translator(model, tokenizer, max_queue, generation), None
+    if isinstance(model, EncoderLM) and model.config.image_size is None:
+        return None, None, Embedder(model, tokenizer, pooling, max_queue)
+    raise ValueError(f"a {type(model).__name__} cannot be served: it does not generate text")
+
+
+def create_app(
+    model: TransformerModel,
+    tokenizer: Tokenizer,
+    *,
+    name: str = "aiayn",
+    max_batch: int = 16,
+    max_queue: int = 64,
+    max_prompt_tokens: int | None = None,
+    max_new_tokens: int | None = None,
+    prefill_chunk: int = 128,
+    batching: bool = True,
+    start_engine: bool = True,
+    context: int | None = None,
+    generation: GenerationIds = NONE,
+    pooling: Pooling = DEFAULT_POOLING,
+    api_key: str | None = None,
+) -> FastAPI:
+    """The app serving ``model``.  Its engine (``app.state.engine``; None for translation and
+    embeddings) starts with the app and stops with it, on a thread of its own -- unless
+    ``start_engine`` is False: then the caller runs ``engine.run()`` (``aiayn serve`` does, in
+    the main thread).  ``context`` is the longest prompt + completion a request may have:
+    every KV row of the pool holds that many positions (default: the model's max_len, at most
+    4,096).  ``generation`` holds the checkpoint's end ids (generation_config.json),
+    ``pooling`` an encoder's sentence-embedding recipe, ``api_key`` the bearer token
+    ``/v1/...`` requests must carry.
+
+    Its body is the table of routes (longer than most functions here for that reason): each
+    a few lines handing the request to the module that does the work -- completion.py,
+    chat.py, embeddings.py, the translator -- so that one reading shows the whole API."""
+    max_len = _context(model.config.max_len, context, max_batch=max_batch, max_queue=max_queue,
+                       prefill_chunk=prefill_chunk, max_prompt_tokens=max_prompt_tokens,
+                       max_new_tokens=max_new_tokens)  # fmt: skip
+    engine, translator, embedder = _worker(
+        model, tokenizer, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk,
+        batching=batching, context=max_len, generation=generation, pooling=pooling,
+    )  # fmt: skip
+    prompt_limit = max_len - 1 if max_prompt_tokens is None else min(max_prompt_tokens, max_len - 1)
+    new_limit = max_len if max_new_tokens is None else max_new_tokens
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if engine is not None and start_engine:
+            engine.start()
+        yield
+        if engine is not None and start_engine:
+            engine.stop()
+
+    app = FastAPI(title="aiayn serve", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.engine = engine
+    if api_key is not None:
+        require_api_key(app, api_key)
+    completer = None if engine is None else Completer(
+        engine, model.config.vocab_size, max_len, prompt_limit, new_limit)  # fmt: skip
+    created = int(time.time())
+
+    _install_error_handlers(app)
+
     @app.get("/health")
     def health() -> JSONResponse:
         """200 while requests are taken; 503 once the engine has stopped or failed, so that a
@@ -262,39 +310,7 @@ def create_app(
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> str:
-        lines = []
-
-        def metric(key: str, kind: str, help_: str, value: float) -> None:
-            # Exact: counters past a million must still show every increment (``rate()``).
-            text = str(value) if isinstance(value, int) else repr(float(value))
-            lines.extend([f"# HELP aiayn_{key} {help_}", f"# TYPE aiayn_{key} {kind}",
-                          f"aiayn_{key} {text}"])  # fmt: skip
-
-        if translator is not None:
-            t = translator.stats
-            metric("requests_total", "counter", "Translation requests accepted.", t["requests"])
-            metric("requests_rejected_total", "counter", "Requests refused: queue full (429).",
-                   t["rejected"])  # fmt: skip
-            metric("requests_failed_total", "counter", "Requests that failed (4xx, 5xx).",
-                   t["failed"])  # fmt: skip
-            metric("lines_translated_total", "counter", "Lines translated.", t["lines"])
-            metric("queue_depth", "gauge", "Requests waiting for or in translation.",
-                   translator.waiting)  # fmt: skip
-        if engine is None:
-            return "\n".join(lines) + "\n"
-        g, s = engine.gauges(), engine.stats
-        metric("requests_total", "counter", "Completion requests accepted.", s["requests"])
-        for reason in ("stop", "length", "cancelled", "error"):
-            metric(f"requests_finished_{reason}_total", "counter",
-                   f"Requests finished with reason {reason}.", s[f"finished_{reason}"])  # fmt: skip
-        metric("tokens_generated_total", "counter", "Tokens generated.", s["tokens"])
-        metric("tokens_per_second", "gauge", "Tokens generated per second, last 10 s.",
-               g["tokens_per_second"])  # fmt: skip
-        metric("queue_depth", "gauge", "Requests waiting for a row.", g["queue_depth"])
-        metric("running_batch_size", "gauge", "Requests decoding together.", g["running"])
-        metric("cache_slots_in_use", "gauge", "KV-cache rows held by requests.", g["slots_in_use"])
-        metric("cache_slots_total", "gauge", "KV-cache rows in the pool.", g["slots_total"])
-        return "\n".join(lines) + "\n"
+        return prometheus_text(engine, translator)
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
@@ -317,54 +333,7 @@ def create_app(
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, http: Request) -> Any:
-        completer = generating()
-        unsupported = [
-            f"{key}={value!r}"
-            for key, value, default in (
-                ("logprobs", body.logprobs, None), ("echo", body.echo, False),
-                ("suffix", body.suffix, None), ("best_of", body.best_of, 1),
-            )
-            if value is not None and value != default
-        ]  # fmt: skip
-        if unsupported:
-            raise APIError(400, f"{', '.join(unsupported)}: not supported by this server")
-        ids = prompt_ids(body.prompt)
-        stops = completer.check(ids, body.max_tokens, body.top_k, body.stop)
-        request, events = completer.submit(ids, body.max_tokens, body.sampling(), body.seed, stops)
-        head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
-                "created": int(time.time()), "model": name}  # fmt: skip
-        if not body.stream:
-            await completer.wait(request, events, http)
-            choice = {"text": request.text, "index": 0, "logprobs": None,
-                      "finish_reason": request.finish_reason}  # fmt: skip
-            return {**head, "choices": [choice], "usage": usage(len(ids), request)}
-
-        def chunks(event: Event) -> list[dict[str, Any]]:
-            done = event.kind == "done"
-            choice = {"text": event.text, "index": 0, "logprobs": None,
-                      "finish_reason": event.finish_reason if done else None}  # fmt: skip
-            return [{**head, "choices": [choice]}]
-
-        def closing() -> list[dict[str, Any]]:  # OpenAI's last chunk: no choices, the usage
-            if not body.include_usage():
-                return []
-            return [{**head, "choices": [], "usage": usage(len(ids), request)}]
-
-        return completer.stream(request, events, chunks, closing)
-
-    def prompt_ids(prompt: Any) -> list[int]:
-        """A completion's one prompt as token ids (text is tokenized; ids are taken as they
-        are, and checked against the vocabulary by :meth:`Completer.check`)."""
-        prompts: list[Any] = [prompt] if isinstance(prompt, str) or (
-            prompt and isinstance(prompt[0], int)) else list(prompt)  # fmt: skip
-        if len(prompts) != 1:
-            raise APIError(400, f"prompt: give one prompt per request (got {len(prompts)})")
-        if not isinstance(prompts[0], str):
-            return list(prompts[0])
-        try:
-            return tokenizer.encode(prompts[0])
-        except ValueError as err:  # e.g. a character outside a character-level vocabulary
-            raise APIError(400, f"prompt: {err}") from None
+        return await text_completion(body, http, generating(), tokenizer, name)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody, http: Request) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Annotated, Any
 
@@ -21,6 +22,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.serve.engine import Engine, Event
 from aiayn.serve.engine import Request as EngineRequest
@@ -176,3 +178,72 @@ def usage(prompt_tokens: int, request: EngineRequest) -> dict[str, int]:
     made = len(request.tokens)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": made,
             "total_tokens": prompt_tokens + made}  # fmt: skip
+
+
+class CompletionBody(SamplingBody):
+    """OpenAI's completion request: the fields this server uses, those it refuses by name, and
+    any other ignored."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids
+    max_tokens: Annotated[int, Field(ge=1)] = 16
+    # Accepted by OpenAI but not served here: refused by name rather than ignored, since a
+    # client that asks for them reads fields this server would leave empty.
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+async def text_completion(
+    body: CompletionBody, http: Request, completer: Completer, tokenizer: Tokenizer, name: str
+) -> Any:
+    """``POST /v1/completions``: one prompt (text or token ids) continued, at once or as
+    server-sent events; the fields this server does not serve are refused by name."""
+    unsupported = [
+        f"{key}={value!r}"
+        for key, value, default in (
+            ("logprobs", body.logprobs, None), ("echo", body.echo, False),
+            ("suffix", body.suffix, None), ("best_of", body.best_of, 1),
+        )
+        if value is not None and value != default
+    ]  # fmt: skip
+    if unsupported:
+        raise APIError(400, f"{', '.join(unsupported)}: not supported by this server")
+    ids = prompt_ids(body.prompt, tokenizer)
+    stops = completer.check(ids, body.max_tokens, body.top_k, body.stop)
+    request, events = completer.submit(ids, body.max_tokens, body.sampling(), body.seed, stops)
+    head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
+            "created": int(time.time()), "model": name}  # fmt: skip
+    if not body.stream:
+        await completer.wait(request, events, http)
+        choice = {"text": request.text, "index": 0, "logprobs": None,
+                  "finish_reason": request.finish_reason}  # fmt: skip
+        return {**head, "choices": [choice], "usage": usage(len(ids), request)}
+
+    def chunks(event: Event) -> list[dict[str, Any]]:
+        done = event.kind == "done"
+        choice = {"text": event.text, "index": 0, "logprobs": None,
+                  "finish_reason": event.finish_reason if done else None}  # fmt: skip
+        return [{**head, "choices": [choice]}]
+
+    def closing() -> list[dict[str, Any]]:  # OpenAI's last chunk: no choices, the usage
+        if not body.include_usage():
+            return []
+        return [{**head, "choices": [], "usage": usage(len(ids), request)}]
+
+    return completer.stream(request, events, chunks, closing)
+
+
+def prompt_ids(prompt: Any, tokenizer: Tokenizer) -> list[int]:
+    """A completion's one prompt as token ids (text is tokenized; ids are taken as they are,
+    and checked against the vocabulary by :meth:`Completer.check`)."""
+    prompts: list[Any] = [prompt] if isinstance(prompt, str) or (
+        prompt and isinstance(prompt[0], int)) else list(prompt)  # fmt: skip
+    if len(prompts) != 1:
+        raise APIError(400, f"prompt: give one prompt per request (got {len(prompts)})")
+    if not isinstance(prompts[0], str):
+        return list(prompts[0])
+    try:
+        return tokenizer.encode(prompts[0])
+    except ValueError as err:  # e.g. a character outside a character-level vocabulary
+        raise APIError(400, f"prompt: {err}") from None
