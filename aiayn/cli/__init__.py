@@ -1,0 +1,58 @@
+"""The ``aiayn`` command.  Thin: every subcommand is a call into the library.
+
+One module per group of commands (models, training, decoding, servers, pictures), each with the
+commands and their arguments; the helpers they share are in ``common``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from aiayn.cli import decoding, models, pictures, servers, training
+from aiayn.cli.common import _overrides
+
+__all__ = ["_overrides", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiayn",
+        description="The Transformer of Attention Is All You Need: train it, translate, generate,"
+        " serve and look inside.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in (models, training, decoding, pictures, servers):
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from aiayn.train.loop import NonFiniteLoss
+    from aiayn.train.policy import TrainingInterrupted
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except TrainingInterrupted as err:
+        print(f"aiayn: {err}", file=sys.stderr)
+        return 130 if err.signal_name == "SIGINT" else 143
+    except NonFiniteLoss as err:
+        print(f"aiayn: error: {err}", file=sys.stderr)
+        return 3
+    except (ValueError, OSError) as err:
+        print(f"aiayn: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:  # an optional extra that is not installed
+        from aiayn.extras import advice
+
+        line = advice(err.name or "", getattr(args, "command", None))
+        if line is None:
+            raise
+        print(f"aiayn: error: {line}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

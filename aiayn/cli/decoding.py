@@ -1,0 +1,242 @@
+"""Commands that decode: generate, chat, translate, embed, fill-mask."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from aiayn.cli.common import (
+    _add_decoding,
+    _add_device,
+    _beam,
+    _device,
+    _load_encoder,
+    _load_lm,
+    _load_translator,
+    _sampling,
+)
+from aiayn.data.files import read_text, split_lines
+from aiayn.data.tokenizer import BPETokenizer
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Continue a prompt, streaming whole characters; stop at the checkpoint's EOS ids
+    (unless --ignore-eos), which are not printed."""
+    from aiayn.generate import generate
+    from aiayn.generate.text import TextStream
+
+    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args))
+    eos = () if args.ignore_eos else ids.eos
+    prompt_ids = tokenizer.encode(args.prompt)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: give at least one character")
+    sys.stdout.write(args.prompt)
+    text = TextStream(tokenizer.decode, prompt_ids)
+
+    def show(token: torch.Tensor) -> None:
+        if int(token[0]) not in eos:
+            sys.stdout.write(text.add(int(token[0])))
+            sys.stdout.flush()
+
+    generate(
+        model,
+        [prompt_ids],
+        max_new_tokens=args.max_new_tokens,
+        sampling=_sampling(args),
+        seed=args.seed,
+        eos_id=eos,
+        stop=args.stop or (),
+        decode=tokenizer.decode,
+        truncate=args.truncate,
+        on_token=show,
+    )
+    sys.stdout.write(text.rest() + "\n")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """An interactive chat in the terminal: one line per user message, the reply streamed.
+    ``/reset`` starts again, ``/exit`` (or end of input) leaves."""
+    from aiayn.generate.chat import Chat
+
+    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args))
+    if not isinstance(tokenizer, BPETokenizer):
+        raise ValueError(
+            f"{args.checkpoint}: a chat needs a Hugging Face tokenizer with a template"
+        )
+    chat = Chat(
+        model,
+        tokenizer,
+        ids,
+        sampling=_sampling(args),
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        system=args.system,
+    )
+    prompt = "you> " if sys.stdin.isatty() else ""
+    while True:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            return 0
+        if line.strip() == "/reset":
+            chat.reset()
+            continue
+        if not line.strip():
+            continue
+        sys.stdout.write("assistant> " if prompt else "")
+        try:
+            for piece in chat.reply(line.rstrip("\n")):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except ValueError as err:  # the conversation outgrew the model: say so, go on
+            sys.stdout.write(f"[{err}]")
+        sys.stdout.write("\n")
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from aiayn.generate.translate import translate
+
+    model, tokenizer, ids = _load_translator(args.checkpoint, _device(args))
+    text_in = read_text(args.input) if args.input else sys.stdin.read()
+    lines = split_lines(text_in)
+    out = translate(
+        model,
+        tokenizer,
+        lines,
+        beam=_beam(args),
+        batch_size=args.batch_size,
+        truncate=args.truncate,
+        generation=ids,
+    )
+    text = "".join(f"{line}\n" for line in out)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    """Sentence embeddings of lines (stdin or --file) to .npy or JSON lines."""
+    import json
+
+    import numpy as np
+
+    from aiayn.generate.encoder import sentence_embeddings
+    from aiayn.interop.sentence_transformers import read_pooling
+
+    model, tokenizer = _load_encoder(args.checkpoint, _device(args))
+    pooling = read_pooling(args.checkpoint)  # a sentence-transformers folder's own recipe
+    source = read_text(args.file) if args.file else sys.stdin.read()
+    lines = split_lines(source)
+    vectors = sentence_embeddings(
+        model,
+        tokenizer,
+        lines,
+        batch_size=args.batch_size,
+        pooling=pooling,
+        truncate=args.truncate,
+    ).numpy()
+    if args.out and args.out.endswith(".npy"):
+        np.save(args.out, vectors)
+        print(f"wrote {len(lines)} embeddings of {vectors.shape[1]} to {args.out}", file=sys.stderr)
+        return 0
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    try:
+        for line, v in zip(lines, vectors, strict=True):
+            out.write(
+                json.dumps({"text": line, "embedding": [round(float(x), 7) for x in v]}) + "\n"
+            )
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def cmd_fill_mask(args: argparse.Namespace) -> int:
+    """The likeliest tokens at each [MASK] of a text."""
+    import json
+
+    from aiayn.generate.encoder import fill_mask
+
+    model, tokenizer = _load_encoder(args.checkpoint, _device(args))
+    if model.head is None:
+        raise ValueError(
+            f"{args.checkpoint} has no masked-LM head (a BertModel): fill-mask needs the weights"
+            " of a BertForMaskedLM or BertForPreTraining"
+        )
+    guesses = fill_mask(model, tokenizer, args.text, top_k=args.top_k)
+    if args.json:
+        print(json.dumps([[g.__dict__ for g in mask] for mask in guesses]))
+        return 0
+    for n, mask in enumerate(guesses, 1):
+        print(f"mask {n}:")
+        for g in mask:
+            print(f"  {g.score:7.4f}  {g.token}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register generate, chat, translate, embed, fill-mask."""
+    p = sub.add_parser("generate", help="continue a prompt with a language model, streaming")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="stop once this text appears (repeatable)")
+    p.add_argument("--truncate", action="store_true", help="keep the end of an over-long prompt")
+    p.add_argument(
+        "--ignore-eos", action="store_true", help="go on past the checkpoint's end-of-text ids"
+    )
+    _add_device(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="talk to a chat model in the terminal (its chat template)")
+    p.add_argument("--checkpoint", required=True, help="a folder with a chat_template")
+    p.add_argument("--system", default=None, help="a system message opening the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    _add_device(p)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("translate", help="translate lines (stdin -> stdout, or files)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--input", default=None, help="file to translate (default: stdin)")
+    p.add_argument("--output", default=None, help="where to write (default: stdout)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--truncate", action="store_true", help="cut over-long lines instead of failing")
+    _add_decoding(p)
+    _add_device(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser(
+        "embed", help="sentence embeddings from an encoder (BERT), pooled as the folder says"
+    )
+    p.add_argument("--checkpoint", required=True, help="an aiayn or Hugging Face BERT folder")
+    p.add_argument("--file", default=None, help="one text per line (default: stdin)")
+    p.add_argument("--out", default=None, help="PATH.npy, or JSON lines (default: stdout)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--truncate", action="store_true", help="keep the start of over-long texts")
+    _add_device(p)
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("fill-mask", help="the likeliest tokens at each [MASK] of a text (BERT)")
+    p.add_argument("text", help='e.g. "Paris is the [MASK] of France."')
+    p.add_argument("--checkpoint", required=True, help="an aiayn or Hugging Face BERT folder")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    _add_device(p)
+    p.set_defaults(func=cmd_fill_mask)

@@ -1,0 +1,137 @@
+"""Commands about models and their folders: presets, info, calc, convert, average."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import load_bundle
+from aiayn.cli.common import (
+    _add_set,
+    _check_out,
+    _overrides,
+)
+from aiayn.config import presets
+from aiayn.data.tokenizer import BPETokenizer
+from aiayn.inspect.summary import summarize
+from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, build_model
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    with torch.device("meta"):
+        for name in presets():
+            model = build_model(name)
+            print(f"{name:<20} {model.config.arch:<16} {model.num_parameters():>14,} parameters")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with torch.device("meta"):  # shapes only: no memory, no time
+        model = build_model(args.preset, **_overrides(args.set))
+    print(summarize(model))
+    return 0
+
+
+def cmd_calc(args: argparse.Namespace) -> int:
+    """Parameters, FLOPs and memory from the config alone (nothing is built)."""
+    from aiayn.inspect.calc import cost_report, format_cost_report, resolve_calc_config
+
+    name, config = resolve_calc_config(args.model, _overrides(args.set))
+    report = cost_report(config, args.context, args.batch, args.dtype, name=name)
+    print(report.to_json() if args.json else format_cost_report(report))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Hugging Face checkpoint folders in (--from-hf) and out (--to-hf FAMILY)."""
+    from aiayn.interop.hf_folder import convert_from_hf, save_hf_folder
+
+    _check_out(args.out, args.overwrite)
+    if args.from_hf:
+        path = convert_from_hf(args.from_hf, args.out)
+        print(f"wrote the aiayn checkpoint {path}")
+        return 0
+    if not args.checkpoint:
+        raise ValueError("--to-hf needs --checkpoint (the aiayn checkpoint to export)")
+    bundle = load_bundle(args.checkpoint)
+    if not isinstance(bundle.model, DecoderLM | EncoderLM | EncoderDecoder):
+        raise ValueError(f"{args.checkpoint}: a {type(bundle.model).__name__} has no HF layout")
+    tok = bundle.tokenizer if isinstance(bundle.tokenizer, BPETokenizer) else None
+    path = save_hf_folder(bundle.model, args.out, args.to_hf, tokenizer=tok)
+    print(f"wrote the Hugging Face folder {path}")
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from aiayn.checkpoint import save_with_companions
+    from aiayn.checkpoint.bundle import TOKENIZER_FILE
+    from aiayn.train.average import average_checkpoints
+
+    _check_out(args.out, args.overwrite)
+    # One vocabulary: the average keeps the last checkpoint's tokenizer, and a token id must
+    # mean the same in every model averaged.
+    first = Path(args.checkpoints[0]) / TOKENIZER_FILE
+    for other in args.checkpoints[1:]:
+        path = Path(other) / TOKENIZER_FILE
+        if first.is_file() != path.is_file() or (
+            first.is_file() and first.read_bytes() != path.read_bytes()
+        ):
+            raise ValueError(
+                f"cannot average {other} with {args.checkpoints[0]}: their tokenizers"
+                f" ({TOKENIZER_FILE}) differ, so their token ids do not mean the same"
+            )
+    model = average_checkpoints(args.checkpoints)
+    # The last checkpoint's tokenizer and run config go along: the average translates and
+    # evaluates directly.
+    save_with_companions(model, args.out, args.checkpoints[-1])
+    print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register presets, info, calc, convert, average."""
+    p = sub.add_parser("presets", help="list the model presets and their sizes")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("info", help="summarise a preset (with overrides)")
+    p.add_argument("preset", help=f"one of: {', '.join(presets())}")
+    _add_set(p, "FIELD=VALUE", "config overrides")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("calc", help="parameters, FLOPs and memory of a config, without building it")
+    p.add_argument(
+        "model",
+        help=f"a preset ({', '.join(presets())}), a config JSON file or a saved model folder",
+    )
+    _add_set(p, "FIELD=VALUE", "config overrides")
+    p.add_argument(
+        "--context", type=int, default=None, help="tokens per sequence (default: max_len)"
+    )
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument(
+        "--dtype", default="bf16", help="float32/fp32, bfloat16/bf16, float16/fp16, int8, fp8"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_calc)
+
+    p = sub.add_parser("average", help="average model checkpoints (§6.1)")
+    p.add_argument("checkpoints", nargs="+", help="model folders with one config")
+    p.add_argument("--out", required=True, help="a new folder (an existing one: --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    p.set_defaults(func=cmd_average)
+
+    p = sub.add_parser("convert", help="Hugging Face checkpoint folders in and out")
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument("--from-hf", metavar="DIR", help="an HF folder (config.json, safetensors)")
+    way.add_argument(
+        "--to-hf", metavar="FAMILY", choices=["gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "marian", "bart"],
+        help="write --checkpoint as this HF family",
+    )  # fmt: skip
+    p.add_argument("--checkpoint", help="the aiayn checkpoint to export (with --to-hf)")
+    p.add_argument(
+        "--out", required=True, help="the folder to write (an existing one: --overwrite)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    p.set_defaults(func=cmd_convert)

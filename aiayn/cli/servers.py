@@ -1,0 +1,180 @@
+"""Commands that serve: the HTTP API (serve) and the browser explorer (explore)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from aiayn.cli.common import (
+    _add_device,
+    _device,
+)
+from aiayn.config import presets
+from aiayn.interop.generation_config import generation_of
+from aiayn.interop.hf_folder import load_checkpoint
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/).  The engine runs
+    in this (main) thread, the HTTP server in another (see Engine.run).  Ctrl-C or SIGTERM
+    stops both."""
+    import signal
+    import threading
+
+    import uvicorn
+
+    from aiayn.device import for_inference
+    from aiayn.interop.sentence_transformers import read_pooling
+    from aiayn.serve.app import create_app
+
+    bundle = load_checkpoint(args.checkpoint)
+    model = for_inference(bundle.model, _device(args))
+    api_key = args.api_key or os.environ.get("AIAYN_API_KEY") or None
+    app = create_app(
+        model,
+        bundle.tokenizer,
+        name=args.name or bundle.directory.resolve().parent.name,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        prefill_chunk=args.prefill_chunk,
+        batching=not args.no_batching,
+        start_engine=False,
+        context=args.context,
+        generation=generation_of(bundle.run),
+        pooling=read_pooling(args.checkpoint),
+        api_key=api_key,
+    )
+    # On shutdown the engine stops first and every open stream hears an error event and ends,
+    # so uvicorn's graceful shutdown (which also runs the app's lifespan to its end) is quick;
+    # the timeout bounds it should a client hold its connection open.  A forced exit instead
+    # cancels the lifespan and logs a traceback for an ordinary Ctrl-C.
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    )  # fmt: skip
+    engine = app.state.engine
+
+    def http_server() -> None:
+        try:
+            server.run()
+        finally:  # uvicorn gave up (a port in use exits its thread): stop the engine too
+            if engine is not None:
+                engine.stop(wait=False)
+
+    def terminate(signum: int, frame: object) -> None:  # SIGTERM (docker stop, systemd): as Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    http = threading.Thread(target=http_server, name="aiayn-http", daemon=True)
+    http.start()
+    try:
+        while not server.started and http.is_alive():
+            http.join(0.05)
+        if not server.started:
+            raise OSError(f"could not serve on {args.host}:{args.port} (see the message above)")
+        pool = "" if engine is None else f", KV pool {engine.pool.nbytes() / 2**20:.0f} MiB"
+        print(
+            f"serving {bundle.directory} on http://{args.host}:{args.port}/{pool}", file=sys.stderr
+        )
+        if engine is None:  # translation: requests run on the server's worker threads
+            while http.is_alive():
+                http.join(0.5)
+        else:
+            engine.run()  # until Ctrl-C
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if engine is not None:
+            engine.stop()  # first: the open streams end with an error event
+        server.should_exit = True
+        http.join(10)
+        signal.signal(signal.SIGTERM, previous)
+        print("aiayn serve: stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    """Serve the browser explorer on ``--host``:``--port``."""
+    from aiayn.explore.registry import default_registry
+    from aiayn.explore.server import serve
+
+    registry = default_registry(args.checkpoint, args.runs, args.preset, device=_device(args))
+    print(f"models: {', '.join(registry.entries)}", file=sys.stderr)
+    print(f"open http://{args.host}:{args.port}/", file=sys.stderr)
+    serve(
+        registry,
+        host=args.host,
+        port=args.port,
+        max_chars=args.max_chars,
+        max_body=args.max_body,
+    )
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register serve, explore."""
+    p = sub.add_parser(
+        "explore", help="a local web app: attention, next tokens, translations, lessons"
+    )
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="a checkpoint folder to offer, optionally named (repeatable)",
+    )
+    p.add_argument(
+        "--runs", action="append", default=[], metavar="DIR", help="offer every checkpoint in DIR"
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        default=[],
+        help=f"offer an untrained preset (repeatable): {', '.join(presets())}",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-chars", type=int, default=400, help="longest text a request may send")
+    p.add_argument(
+        "--max-body", type=int, default=64 * 1024, help="largest request body in bytes (413 above)"
+    )
+    _add_device(p)
+    p.set_defaults(func=cmd_explore)
+
+    p = sub.add_parser(
+        "serve",
+        help="an HTTP server: OpenAI-style completions and chat (continuous batching),"
+        " embeddings, translation",
+    )
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", default=None, help="the model name in responses (default: run folder)")
+    p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (KV rows)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (429)")
+    p.add_argument(
+        "--context", type=int, default=None,
+        help="prompt + completion tokens per request; each KV row holds this many"
+        " (default: the model's max_len, at most 4096)",
+    )  # fmt: skip
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: context - 1")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: context")
+    p.add_argument(
+        "--prefill-chunk", type=int, default=128, help="prompt tokens per step (chunked prefill)"
+    )
+    p.add_argument(
+        "--no-batching", action="store_true", help="one request at a time (for comparisons)"
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info"])
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/... (default: $AIAYN_API_KEY, or open)",
+    )
+    _add_device(p)
+    p.set_defaults(func=cmd_serve)
