@@ -139,6 +139,90 @@ def _last_val(history: list[dict[str, float]]) -> float:
     return next((h["val_loss"] for h in reversed(history) if "val_loss" in h), math.nan)
 
 
+def _restore(
+    state: TrainState, model: TransformerModel, optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None, task: Task, rd: RunDir, device: torch.device,
+) -> None:  # fmt: skip
+    """Put back what a checkpoint saved beside the weights: the optimizer's moments, the random
+    generators (dropout), the loss scaler and the task's data position -- so that a resumed run
+    continues bit for bit."""
+    if state.sharded:
+        folder = rd.latest()
+        assert folder is not None  # the folder ``state`` was read from
+        load_sharded(folder, model, optimizer)
+    else:
+        load_optimizer_state(model, optimizer, state.optimizer)
+    torch.set_rng_state(state.torch_rng)
+    if device.type == "cuda" and state.cuda_rng:
+        torch.cuda.set_rng_state_all(state.cuda_rng)
+    if scaler is not None and state.scaler:
+        scaler.load_state_dict(state.scaler)
+    task.load_data_state(state.data)
+
+
+def _linear_kernel(
+    tc: TrainConfig, state: TrainState | None, rows: int | None, d: int, cpu_fp32: bool,
+    logger: RunLogger,
+) -> dict[str, str]:  # fmt: skip
+    """The run's kernel choices: a resumed run keeps its own; a new one takes
+    ``train.linear_kernel``, or with "auto" times oneDNN against MKL on the task's shapes
+    (fp32 on a CPU) and keeps oneDNN only where it is clearly faster."""
+    kernels = {} if state is None else dict(state.kernels)
+    if "linear" in kernels:
+        return kernels
+    kernels["linear"] = "mkl" if tc.linear_kernel == "auto" else tc.linear_kernel
+    if tc.linear_kernel == "auto" and rows is not None and cpu_fp32:
+        speedup = onednn_speedup(rows, d, 4 * d)
+        kernels["linear"] = "onednn" if speedup > 1.05 else "mkl"
+        logger.note(
+            f"linear layers: {'oneDNN' if kernels['linear'] == 'onednn' else 'MKL'}"
+            f" (oneDNN measured {speedup:.2f}x MKL on ({rows}, {d}) x ({d}, {4 * d}) here)"
+        )
+    return kernels
+
+
+def _save(
+    rd: RunDir, model: TransformerModel, optimizer: torch.optim.Optimizer, tokenizer: Tokenizer,
+    run_dict: dict[str, Any], train_state: Callable[[dict[str, Any]], TrainState], *,
+    sharded: bool, rank: int,
+) -> None:  # fmt: skip
+    """Write a checkpoint: every rank its own shard, or rank 0 the gathered model."""
+    if sharded:  # every rank writes its own shard of the model and the optimizer
+        rd.save_sharded_checkpoint(model, optimizer, tokenizer, run_dict, train_state({}))
+        return
+    # Gathering a sharded model or optimizer is collective: every rank takes part.
+    saved, moments = saveable_model(model), optimizer_state(model, optimizer)
+    if rank == 0:
+        rd.save_checkpoint(saved, tokenizer, run_dict, train_state(moments))
+
+
+def _skip_or_stop(
+    loss: float, done: int, skipped: list[int], on_nonfinite: str, rd: RunDir, logger: RunLogger
+) -> None:
+    """A step whose loss or gradient was not finite: note the skipped update, or stop the run
+    (``train.on_nonfinite = "stop"``, or too many skipped in a row) naming the step."""
+    skipped.append(done)
+    what = f"the loss or gradient became {loss} at step {done}"
+    in_a_row = list(range(done - MAX_SKIPPED_IN_A_ROW + 1, done + 1))
+    if on_nonfinite == "stop" or skipped[-MAX_SKIPPED_IN_A_ROW:] == in_a_row:
+        raise NonFiniteLoss(
+            f"{what}; training stopped, the last good checkpoint is"
+            f" {rd.latest() or 'not written yet'} (lower the learning rate,"
+            " or set train.on_nonfinite = 'skip')"
+        )
+    logger.note(f"{what}: the update was skipped")
+
+
+def _stop_flags(out_of_time: bool, stopping: bool, world: int) -> tuple[bool, bool]:
+    """Whether to stop (time spent; a signal): with several processes, every rank stops at the
+    same step if any one must."""
+    if world > 1:
+        flags = torch.tensor([float(out_of_time), float(stopping)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        out_of_time, stopping = bool(flags[0]), bool(flags[1])
+    return out_of_time, stopping
+
+
 def fit(
     model: TransformerModel,
     task: Task,
@@ -151,7 +235,11 @@ def fit(
     progress: bool = True,
 ) -> FitResult:
     """Train ``model`` from ``state`` (or from scratch) to ``run.train.max_steps``, or to step
-    ``stop_after`` (a planned interruption, for tests and benchmarks)."""
+    ``stop_after`` (a planned interruption, for tests and benchmarks).
+
+    Longer than most functions here on purpose: the order of a step's work -- the update,
+    the stop flags, evaluation, the log row, the checkpoint, the snapshot, then stopping --
+    is the crash-safety contract of a run (tests/train/test_faults.py), kept in one place."""
     tc = run.train
     rank, world = world_info()
     start, history = (0, []) if state is None else (state.step, state.history)
@@ -169,18 +257,7 @@ def fit(
     )
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     if state is not None:
-        if state.sharded:
-            folder = rd.latest()
-            assert folder is not None  # the folder ``state`` was read from
-            load_sharded(folder, model, optimizer)
-        else:
-            load_optimizer_state(model, optimizer, state.optimizer)
-        torch.set_rng_state(state.torch_rng)
-        if device.type == "cuda" and state.cuda_rng:
-            torch.cuda.set_rng_state_all(state.cuda_rng)
-        if scaler is not None and state.scaler:
-            scaler.load_state_dict(state.scaler)
-        task.load_data_state(state.data)
+        _restore(state, model, optimizer, scaler, task, rd, device)
     model.train()
     if tc.compile:
         wrapped = torch.compile(wrapped)  # type: ignore[assignment]
@@ -206,20 +283,8 @@ def fit(
     )
     if dtype != torch.float32 or device.type != "cpu":
         logger.note(f"training on {device} in {str(dtype).removeprefix('torch.')} autocast")
-    kernels = {} if state is None else dict(state.kernels)
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
-    if "linear" not in kernels:
-        kernels["linear"] = "mkl" if tc.linear_kernel == "auto" else tc.linear_kernel
-        rows = task.linear_rows
-        if tc.linear_kernel == "auto" and rows is not None and cpu_fp32:
-            d = model.config.d_model
-            speedup = onednn_speedup(rows, d, 4 * d)
-            kernels["linear"] = "onednn" if speedup > 1.05 else "mkl"
-            logger.note(
-                f"linear layers: {'oneDNN' if kernels['linear'] == 'onednn' else 'MKL'}"
-                f" (oneDNN measured {speedup:.2f}x MKL on ({rows}, {d}) x"
-                f" ({d}, {4 * d}) here)"
-            )
+    kernels = _linear_kernel(tc, state, task.linear_rows, model.config.d_model, cpu_fp32, logger)
     # oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused.
     onednn = kernels["linear"] == "onednn" and cpu_fp32
 
@@ -230,24 +295,13 @@ def fit(
     def checkpoint(done: int) -> None:
         def train_state(moments: dict[str, Any]) -> TrainState:
             return TrainState(
-                done,
-                moments,
-                torch.get_rng_state(),
-                task.data_state(),
-                history,
+                done, moments, torch.get_rng_state(), task.data_state(), history,
                 scaler={} if scaler is None else scaler.state_dict(),
                 cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
-                kernels=kernels,
-                sharded=sharded,
-            )
+                kernels=kernels, sharded=sharded,
+            )  # fmt: skip
 
-        if sharded:  # every rank writes its own shard of the model and the optimizer
-            rd.save_sharded_checkpoint(model, optimizer, tokenizer, run_dict, train_state({}))
-            return
-        # Gathering a sharded model or optimizer is collective: every rank takes part.
-        saved, moments = saveable_model(model), optimizer_state(model, optimizer)
-        if rank == 0:
-            rd.save_checkpoint(saved, tokenizer, run_dict, train_state(moments))
+        _save(rd, model, optimizer, tokenizer, run_dict, train_state, sharded=sharded, rank=rank)
 
     t0, tokens_seen, val = time.perf_counter(), 0, _last_val(history)
     skipped: list[int] = []
@@ -258,25 +312,14 @@ def fit(
                 outcome = step_fn(step)
                 done = step + 1
                 if not outcome.finite:
-                    skipped.append(done)
-                    what = f"the loss or gradient became {outcome.loss} at step {done}"
-                    if tc.on_nonfinite == "stop" or skipped[-MAX_SKIPPED_IN_A_ROW:] == list(
-                        range(done - MAX_SKIPPED_IN_A_ROW + 1, done + 1)
-                    ):
-                        raise NonFiniteLoss(
-                            f"{what}; training stopped, the last good checkpoint is"
-                            f" {rd.latest() or 'not written yet'} (lower the learning rate,"
-                            " or set train.on_nonfinite = 'skip')"
-                        )
-                    logger.note(f"{what}: the update was skipped")
+                    _skip_or_stop(outcome.loss, done, skipped, tc.on_nonfinite, rd, logger)
                 tokens_seen += outcome.tokens
                 elapsed = time.perf_counter() - t0
-                out_of_time = tc.max_minutes is not None and elapsed > 60 * tc.max_minutes
-                stopping = stop.signum is not None
-                if world > 1:  # every rank must stop at the same step
-                    flags = torch.tensor([float(out_of_time), float(stopping)])
-                    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                    out_of_time, stopping = bool(flags[0]), bool(flags[1])
+                out_of_time, stopping = _stop_flags(
+                    tc.max_minutes is not None and elapsed > 60 * tc.max_minutes,
+                    stop.signum is not None,
+                    world,
+                )
                 last = done == end or out_of_time
                 record: dict[str, float] = {"step": done, "loss": outcome.loss, "lr": outcome.lr}
                 if not stopping and (policy.evaluation_due(done, end) or last):
