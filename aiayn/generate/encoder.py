@@ -87,11 +87,25 @@ def sentence_embeddings(
     """(len(texts), D) float32 embeddings, one per text (module docstring); D = d_model times
     the number of pooling modes.  ``pooling.max_tokens`` (else the model's ``max_len``) is the
     longest text read; a longer one is an error unless ``truncate``."""
+    rows = encode_texts(model, tokenizer, texts, pooling=pooling, truncate=truncate)
+    return embed_ids(model, rows, batch_size=batch_size, pooling=pooling)
+
+
+def encode_texts(
+    model: EncoderLM,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    *,
+    pooling: Pooling = DEFAULT_POOLING,
+    truncate: bool = False,
+) -> list[list[int]]:
+    """The token ids :func:`sentence_embeddings` reads for ``texts``: lower-cased if the
+    recipe says so, at most ``pooling.max_tokens`` / the tokenizer's ``model_max_length`` /
+    the model's ``max_len`` each (longer: an error naming the text, or cut with ``truncate``)."""
     limit = min(_limit(model, tokenizer), pooling.max_tokens or model.config.max_len)
     if pooling.lowercase:
         texts = [t.lower() for t in texts]
-    rows = [_encoded(tokenizer, t, limit, truncate, i) for i, t in enumerate(texts, 1)]
-    return embed_ids(model, rows, batch_size=batch_size, pooling=pooling)
+    return [_encoded(tokenizer, t, limit, truncate, i) for i, t in enumerate(texts, 1)]
 
 
 @torch.no_grad()

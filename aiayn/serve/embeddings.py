@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.generate.encoder import embed_ids, sentence_embeddings
+from aiayn.generate.encoder import embed_ids, encode_texts
 from aiayn.interop.sentence_transformers import Pooling
 from aiayn.models import EncoderLM
 from aiayn.serve.engine import QueueFull
@@ -74,16 +74,14 @@ class Embedder:
 
     def _run(self, inputs: list[Any]) -> tuple[np.ndarray, int]:
         with self.busy, torch.inference_mode():
-            if all(isinstance(i, str) for i in inputs):
-                vectors = sentence_embeddings(self.model, self.tokenizer, inputs,
-                                              pooling=self.pooling)  # fmt: skip
-                tokens = sum(len(self.tokenizer.encode(t)) for t in inputs)
+            if all(isinstance(i, str) for i in inputs):  # each text tokenized once
+                rows = encode_texts(self.model, self.tokenizer, inputs, pooling=self.pooling)
             elif all(isinstance(i, list) for i in inputs):
-                vectors = embed_ids(self.model, inputs, pooling=self.pooling)
-                tokens = sum(len(i) for i in inputs)
+                rows = inputs
             else:
                 raise ValueError("give texts or lists of token ids, not both")
-        return vectors.numpy(), tokens
+            vectors = embed_ids(self.model, rows, pooling=self.pooling)
+        return vectors.numpy(), sum(len(r) for r in rows)
 
 
 def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:

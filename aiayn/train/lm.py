@@ -70,6 +70,16 @@ def _tokenizer(run: RunConfig, text: str) -> Tokenizer:
     return BPETokenizer.from_text(text, run.data.bpe_vocab_size)
 
 
+def token_stream(run: RunConfig, text: str, tokenizer: Tokenizer) -> TokenStream:
+    """The run's text as one token stream split into training and validation, with room for
+    at least one block in each (else an error naming the split)."""
+    stream = TokenStream.from_text(
+        text, tokenizer, train_fraction=run.data.train_fraction, seed=run.train.seed
+    )
+    stream.require(run.train.block_size)
+    return stream
+
+
 def initial_model(run: RunConfig, block_size: int) -> tuple[TransformerModel, Tokenizer]:
     """The model and tokenizer a fine-tuning run starts from (``run.init_from``, an HF folder
     or an aiayn checkpoint; nanoGPT's ``init_from``): its weights in fp32 in a model built from
@@ -112,10 +122,7 @@ def train_lm(
         return build_model(cfg), tokenizer
 
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> LMTask:
-        stream = TokenStream.from_text(
-            text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
-        )
-        stream.require(tc.block_size)
+        stream = token_stream(run, text, tokenizer)
         return LMTask(
             stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches
         )

@@ -27,7 +27,7 @@ from aiayn.generate.encoder import mask_id
 from aiayn.models import EncoderLM, TransformerModel
 from aiayn.nn.context import Record
 from aiayn.train.config import RunConfig
-from aiayn.train.lm import initial_model
+from aiayn.train.lm import initial_model, token_stream
 from aiayn.train.loop import FitResult, train_run
 
 MASK_RATE, AS_MASK, AS_RANDOM = 0.15, 0.8, 0.1
@@ -144,10 +144,7 @@ def train_masked_lm(
 
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> MaskedLMTask:
         assert isinstance(tokenizer, BPETokenizer)
-        stream = TokenStream.from_text(
-            text, tokenizer, train_fraction=run.data.train_fraction, seed=tc.seed
-        )
-        stream.require(tc.block_size)
+        stream = token_stream(run, text, tokenizer)
         return MaskedLMTask(stream, tokenizer, vocab_size=model.config.vocab_size,
                             batch_size=tc.batch_size, block=tc.block_size,
                             eval_batches=tc.eval_batches, seed=tc.seed)  # fmt: skip

@@ -266,6 +266,19 @@ def test_the_openai_client_with_eight_concurrent_requests_and_streams() -> None:
             api.completions.create(model="tiny", prompt="a", max_tokens=500)
 
 
+def assert_freed_after_one_token(pause: Pause, leaving: EngineRequest, url: str) -> None:
+    """The server notices that ``leaving``'s client has gone while the engine is held; once
+    released, the engine frees its row before the next step: 1 token made, none after."""
+    wait_until(lambda: leaving.cancelled, "the server did not notice the client leave")
+    pause.release()
+    wait_until(lambda: leaving.finish_reason is not None, "the request never finished")
+    got = metrics(httpx.get(f"{url}/metrics").text)
+    assert leaving.finish_reason == "cancelled", leaving.finish_reason
+    assert len(leaving.tokens) == 1, f"{len(leaving.tokens)} tokens made for a client gone"
+    assert got["tokens_generated_total"] == 1 and got["requests_finished_cancelled_total"] == 1
+    assert got["cache_slots_in_use"] == 0 and got["running_batch_size"] == 0
+
+
 def test_a_client_that_leaves_mid_stream_stops_its_generation_at_once() -> None:
     """The claim, in tokens: a streaming client that disconnects after its first token gets
     no further token made for it.  The engine is held after that token (:class:`Pause`), so
@@ -285,14 +298,7 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation_at_once() -> None:
         assert len(leaving.tokens) == 1 and json.loads(first[6:])["choices"][0]["text"] == (
             tok.decode(leaving.tokens)
         )
-        wait_until(lambda: leaving.cancelled, "the server did not notice the client leave")
-        pause.release()
-        wait_until(lambda: leaving.finish_reason is not None, "the request never finished")
-        got = metrics(httpx.get(f"{url}/metrics").text)
-    assert leaving.finish_reason == "cancelled", leaving.finish_reason
-    assert len(leaving.tokens) == 1, f"{len(leaving.tokens)} tokens made for a client gone"
-    assert got["tokens_generated_total"] == 1 and got["requests_finished_cancelled_total"] == 1
-    assert got["cache_slots_in_use"] == 0 and got["running_batch_size"] == 0
+        assert_freed_after_one_token(pause, leaving, url)
 
 
 @pytest.mark.parametrize(
@@ -377,14 +383,7 @@ def test_a_client_that_leaves_a_non_streaming_request_frees_its_row() -> None:
         # The client has gone, with no answer; its request made one token (the prefill's).
         (leaving,) = pause.requests
         assert len(leaving.tokens) == 1
-        wait_until(lambda: leaving.cancelled, "the server did not notice the client leave")
-        pause.release()
-        wait_until(lambda: leaving.finish_reason is not None, "the request never finished")
-        got = metrics(httpx.get(f"{url}/metrics").text)
-    assert leaving.finish_reason == "cancelled", leaving.finish_reason
-    assert len(leaving.tokens) == 1, f"{len(leaving.tokens)} tokens made for a client gone"
-    assert got["tokens_generated_total"] == 1 and got["requests_finished_cancelled_total"] == 1
-    assert got["cache_slots_in_use"] == 0 and got["running_batch_size"] == 0
+        assert_freed_after_one_token(pause, leaving, url)
 
 
 def test_translation_endpoint_equals_translate() -> None:
