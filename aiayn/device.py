@@ -119,7 +119,7 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 
 def inference_dtype(device: torch.device) -> torch.dtype:
     """What generation and beam search run in: bf16 on a GPU that has it, else fp32 (the CPU's
-    decoding step is bound by reading fp32 weights through BLAS, aiayn/nn/linear.py)."""
+    decoding step is bound by reading fp32 weights through BLAS, aiayn/nn/cpu_kernels.py)."""
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32

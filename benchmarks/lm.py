@@ -46,7 +46,7 @@ from aiayn.config import ModelConfig, get_preset
 from aiayn.generate import SamplingConfig, generate
 from aiayn.inspect.calc import training_flops_per_token
 from aiayn.interop.hf import to_hf_gpt2
-from aiayn.nn.linear import on_gemv, packed_for_rows
+from aiayn.nn.cpu_kernels import for_decoding
 
 SHAPES = {
     "nanogpt-cpu": dict(n_layers=4, n_heads=4, d_model=128, block=64, batch=12, vocab=65),
@@ -101,7 +101,7 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
     """Median seconds of one training iteration, after two untimed ones."""
     from bench_common import median_time
 
-    from aiayn.nn.linear import onednn_speedup, use_onednn
+    from aiayn.nn.cpu_kernels import choose_training_kernel, for_training
 
     s, impl = SHAPES[case["shape"]], case["impl"]
     base = impl.removesuffix(COMPILED)
@@ -112,10 +112,9 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
     x = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
     y = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
     fp32 = case["dtype"] == "float32"
-    onednn = (
-        impl == "aiayn"
-        and fp32
-        and onednn_speedup(s["batch"] * s["block"], s["d_model"], 4 * s["d_model"]) > 1.05
+    rows = s["batch"] * s["block"]
+    kernel = (
+        choose_training_kernel("auto", rows, s["d_model"], fp32)[0] if impl == "aiayn" else "mkl"
     )
 
     def step() -> None:
@@ -130,8 +129,8 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    with use_onednn(onednn):
-        return {"s": median_time(step, case["repeat"]), "onednn": float(onednn)}
+    with for_training(model, kernel):  # as the trainer does (the bf16 row padding too)
+        return {"s": median_time(step, case["repeat"]), "onednn": float(kernel == "onednn")}
 
 
 def measure_generate(case: dict[str, Any]) -> dict[str, float]:
@@ -162,9 +161,9 @@ def measure_generate(case: dict[str, Any]) -> dict[str, float]:
     t0 = time.perf_counter()
     run(case["new"])
     got = {"tok_s": case["batch"] * case["new"] / (time.perf_counter() - t0)}
-    if case["impl"] == "aiayn":  # the decoding probe's choice for one row (aiayn/nn/linear.py)
-        with packed_for_rows(model, case["batch"]):
-            got["gemv"] = float(on_gemv(model))
+    if case["impl"] == "aiayn":  # the decoding probe's choice for one row (nn/cpu_kernels.py)
+        with for_decoding(model, case["batch"]) as plan:
+            got["gemv"] = float(plan.gemv)
     return got
 
 

@@ -175,7 +175,7 @@ def _step_seconds(
 def _train(config: Path, out: Path, steps: int, root: Path) -> dict[str, Any]:
     """``aiayn train`` to a fixed number of steps (resumed when the folder holds a run).
     Every model trains on MKL's linear layers: the step times that fix the equal-wall-clock
-    budgets are measured with them, and oneDNN's host-dependent speed-up (aiayn/nn/linear.py)
+    budgets are measured with them, and oneDNN's host-dependent speed-up (aiayn/nn/cpu_kernels.py)
     would favour the Transformer, whose time is mostly linear layers."""
     from aiayn.checkpoint import RunDir
 

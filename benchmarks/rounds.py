@@ -91,7 +91,7 @@ def cell(s: dict[str, float], fmt: str = ".0f") -> str:
 
 def host_rates(n: int = 2048) -> dict[str, float]:
     """The rates a reader needs beside any figure: torch.mm in fp32 and bf16, and oneDNN's fp32
-    rate over MKL's (the host-dependent training speed-up of aiayn/nn/linear.py).
+    rate over MKL's (the host-dependent training speed-up of aiayn/nn/cpu_kernels.py).
     ``best_fp32_gflops`` -- the faster of the two fp32 paths -- is the MFU denominator in fp32,
     so that a model on oneDNN is not credited with oneDNN's advantage over MKL."""
     from bench_common import matmul_rates, median_time

@@ -50,7 +50,7 @@ from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.files import data_dir, read_lines
 from aiayn.generate.beam import BeamConfig, beam_search
 from aiayn.inspect.calc import training_flops_per_token
-from aiayn.nn.linear import packed_for_rows
+from aiayn.nn.cpu_kernels import for_decoding
 from aiayn.nn.positions import sinusoidal_table
 
 V, D, H, FF, LAYERS, PAIRS, LEN = 8000, 256, 4, 1024, 3, 128, 32
@@ -107,14 +107,13 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
     """Median seconds of one optimizer step, after two untimed ones."""
     from bench_common import median_time
 
-    from aiayn.nn.linear import onednn_speedup, use_onednn
+    from aiayn.nn.cpu_kernels import choose_training_kernel, for_training
 
     torch.manual_seed(0)
     impl = case["impl"]
     model = {**BUILD, **VARIANTS}[impl]().train()
-    onednn = (
-        impl == "aiayn" and case["dtype"] == "float32" and onednn_speedup(PAIRS * LEN, D, FF) > 1.05
-    )
+    fp32 = case["dtype"] == "float32"
+    kernel = choose_training_kernel("auto", PAIRS * LEN, D, fp32)[0] if impl == "aiayn" else "mkl"
     g = torch.Generator().manual_seed(0)
     src = torch.randint(3, V, (PAIRS, LEN), generator=g)
     tgt = torch.randint(3, V, (PAIRS, LEN + 1), generator=g)
@@ -136,8 +135,8 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    with use_onednn(onednn):
-        return {"s": median_time(step, case["repeat"]), "onednn": float(onednn)}
+    with for_training(model, kernel):  # as the trainer does (the bf16 row padding too)
+        return {"s": median_time(step, case["repeat"]), "onednn": float(kernel == "onednn")}
 
 
 def sources(case: dict[str, Any]) -> torch.Tensor:
@@ -187,7 +186,7 @@ def measure_beam(case: dict[str, Any]) -> dict[str, float]:
     # oneDNN weights or F.linear (and of gemv for one row) that it makes, so a host where
     # packing is slower does not pack.  Packing inside the timed loop, once per batch, is what
     # a bare beam_search call does.  HF has no such step.
-    packing = packed_for_rows(model, 4 * batch) if case["impl"] == "aiayn" else None
+    packing = for_decoding(model, 4 * batch) if case["impl"] == "aiayn" else None
     with torch.no_grad(), packing or contextlib.nullcontext():
         decode(chunks[0][:1, :8])  # warm-up, untimed
         t0 = time.perf_counter()

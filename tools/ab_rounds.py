@@ -20,6 +20,11 @@ def alternate(measure: Callable[[str], float], rounds: int) -> dict[str, list[fl
 def row(label: str, got: dict[str, list[float]], width: int) -> str:
     """The label, each tree's median (min-max), and after/before of the medians."""
     med = {k: statistics.median(v) for k, v in got.items()}
-    cells = {k: f"{med[k]:,.0f} ({min(v):,.0f}-{max(v):,.0f})" for k, v in got.items()}
+    cells = {k: f"{_num(med[k])} ({_num(min(v))}-{_num(max(v))})" for k, v in got.items()}
     ratio = med["after"] / med["before"]
     return f"{label:<{width}}{cells['before']:>24}{cells['after']:>24}{ratio:>13.2f}x"
+
+
+def _num(x: float) -> str:
+    """A rate to three or more significant digits: 4,655 or 3.21."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from aiayn.models.encoder_decoder import EncoderDecoder
-from aiayn.nn.linear import packed_for_rows
+from aiayn.nn.cpu_kernels import for_decoding
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def greedy_decode(
 ) -> list[list[int]]:
     """Most likely next token at every step; output ids exclude BOS and EOS."""
     model.eval()
-    with packed_for_rows(model, src.shape[0]):
+    with for_decoding(model, src.shape[0]):
         return _greedy(model, src, bos, eos, max_extra, never)
 
 
@@ -137,8 +137,8 @@ def beam_search(
     """The best hypothesis per sentence (ids without BOS/EOS), by length-normalised score."""
     model.eval()
     # One weight layout for the whole search: K·B rows per step is a small matrix product,
-    # faster from a packed weight (aiayn/nn/linear.py).
-    with packed_for_rows(model, src.shape[0] * config.beam_size):
+    # faster from a packed weight (aiayn/nn/cpu_kernels.py).
+    with for_decoding(model, src.shape[0] * config.beam_size):
         return _beam_search(model, src, bos, eos, config, never)
 
 

@@ -9,7 +9,7 @@ model's ordinary forward pass on one token per row: the same modules as training
 block feature works in generation too.
 
 On a CPU a step is bound by reading the weights.  One row per step goes to BLAS's gemv and
-several to oneDNN's packed product (aiayn/nn/linear.py); with one row, PyTorch's own small
+several to oneDNN's packed product (aiayn/nn/cpu_kernels.py); with one row, PyTorch's own small
 element-wise operations run on one thread, so that its thread pool and BLAS's do not spin
 against each other.
 
@@ -27,7 +27,7 @@ from torch import Tensor
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
 from aiayn.nn.cache import Cache
-from aiayn.nn.linear import on_gemv, packed_for_rows
+from aiayn.nn.cpu_kernels import for_decoding
 
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
 
@@ -155,16 +155,14 @@ def stream(
     packing = ExitStack()
     threads = torch.get_num_threads()
     try:
-        # One weight layout for the whole generation: several rows per step are a small
-        # matrix product, which oneDNN does far faster from a packed weight
-        # (aiayn/nn/linear.py).  One row goes to BLAS's gemv on the weight itself.
-        packing.enter_context(packed_for_rows(model, b))
+        # The CPU kernels chosen once for the whole generation (aiayn/nn/cpu_kernels.py):
+        # several rows per step from a packed weight, one row by BLAS's gemv.
+        plan = packing.enter_context(for_decoding(model, b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        if b == 1 and on_gemv(model):
-            # The steps' products run in BLAS's own threads (the fp32 one-row path of
-            # aiayn/nn/linear.py, where this host runs it faster than F.linear); other dtypes
-            # and hosts stay on torch's threads.
+        if b == 1 and plan.gemv:
+            # The steps' products run in BLAS's own threads (where this host runs one row
+            # faster so than by F.linear); other dtypes and hosts stay on torch's threads.
             torch.set_num_threads(1)
         contexts = None
         if p + max_new_tokens > cfg.max_len:  # some row's context may pass max_len

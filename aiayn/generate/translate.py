@@ -18,7 +18,7 @@ from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.models import EncoderDecoder
-from aiayn.nn.linear import packed_for_rows
+from aiayn.nn.cpu_kernels import for_decoding
 
 NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
 
@@ -92,7 +92,7 @@ def translate(
     )
     out = [""] * len(lines)
     rows = min(batch_size, len(order)) * (1 if beam is None else beam.beam_size)
-    with packed_for_rows(model, rows):  # the weights packed once for all batches
+    with for_decoding(model, rows):  # the kernels chosen and weights packed once for all batches
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             src = pad([encoded[i] or [] for i in chunk], pad_id)

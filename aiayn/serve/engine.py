@@ -37,7 +37,7 @@ from torch import Tensor
 
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models import DecoderLM
-from aiayn.nn.linear import on_gemv, packed_for_rows
+from aiayn.nn.cpu_kernels import for_decoding
 from aiayn.serve.slots import SlotPool
 
 
@@ -244,9 +244,9 @@ class Engine:
         threads = self.threads
         try:
             # Several rows per step are a small matrix product, which oneDNN does far faster
-            # from a weight packed once (aiayn/nn/linear.py), as generate() does.
-            with torch.inference_mode(), packed_for_rows(self.model, self.max_batch):
-                self.gemv = on_gemv(self.model)
+            # from a weight packed once (aiayn/nn/cpu_kernels.py), as generate() does.
+            with torch.inference_mode(), for_decoding(self.model, self.max_batch) as plan:
+                self.gemv = plan.gemv
                 while True:
                     with self.lock:
                         while not (

@@ -41,7 +41,7 @@ from aiayn.config import ModelConfig, differing_fields
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
 from aiayn.models import DecoderLM, EncoderLM, TransformerModel
-from aiayn.nn.linear import onednn_speedup, use_onednn
+from aiayn.nn import cpu_kernels
 from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.logger import RunLogger
 from aiayn.train.optim import build_adamw
@@ -170,14 +170,9 @@ def _linear_kernel(
     kernels = {} if state is None else dict(state.kernels)
     if "linear" in kernels:
         return kernels
-    kernels["linear"] = "mkl" if tc.linear_kernel == "auto" else tc.linear_kernel
-    if tc.linear_kernel == "auto" and rows is not None and cpu_fp32:
-        speedup = onednn_speedup(rows, d, 4 * d)
-        kernels["linear"] = "onednn" if speedup > 1.05 else "mkl"
-        logger.note(
-            f"linear layers: {'oneDNN' if kernels['linear'] == 'onednn' else 'MKL'}"
-            f" (oneDNN measured {speedup:.2f}x MKL on ({rows}, {d}) x ({d}, {4 * d}) here)"
-        )
+    kernels["linear"], why = cpu_kernels.choose_training_kernel(tc.linear_kernel, rows, d, cpu_fp32)
+    if why is not None:
+        logger.note(why)
     return kernels
 
 
@@ -286,7 +281,7 @@ def fit(
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     kernels = _linear_kernel(tc, state, task.linear_rows, model.config.d_model, cpu_fp32, logger)
     # oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused.
-    onednn = kernels["linear"] == "onednn" and cpu_fp32
+    kernel = kernels["linear"] if cpu_fp32 else "mkl"
 
     sharded = tc.checkpoint_format == "sharded" or (
         tc.checkpoint_format == "auto" and is_sharded(model)
@@ -307,7 +302,7 @@ def fit(
     skipped: list[int] = []
     done = start
     try:
-        with stop_on_signals() as stop, use_onednn(onednn):
+        with stop_on_signals() as stop, cpu_kernels.for_training(model, kernel):
             for step in range(start, end):
                 outcome = step_fn(step)
                 done = step + 1

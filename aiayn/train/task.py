@@ -17,7 +17,7 @@ class Task(Protocol):
         """Rows of a micro-batch's activations (B × T) the linear layers see: a language
         model's fixed windows, or the token budget of token-count batches; None when the shapes
         are unknown.  The loop times oneDNN against MKL at this row count and keeps the faster
-        on this host (aiayn/nn/linear.py).  oneDNN builds a kernel per row count; rows are
+        on this host (aiayn/nn/cpu_kernels.py).  oneDNN builds a kernel per row count; rows are
         padded to a multiple of ``ROW_MULTIPLE``, so batches of up to N tokens meet at most
         N / 64 of them."""
         ...

@@ -189,7 +189,7 @@ def test_a_resumed_run_keeps_the_kernels_its_start_chose(
 ) -> None:
     """The oneDNN/MKL choice is measured once, at the start; a resume on a host (or an hour)
     where the measurement would go the other way must not change the run's numerics."""
-    import aiayn.train.loop as loop
+    import aiayn.nn.cpu_kernels as cpu_kernels
 
     run = load_run_config(root / "run.toml")
     probes: list[int] = []
@@ -198,7 +198,7 @@ def test_a_resumed_run_keeps_the_kernels_its_start_chose(
         probes.append(1)
         return 2.0
 
-    monkeypatch.setattr(loop, "onednn_speedup", fast_onednn)
+    monkeypatch.setattr(cpu_kernels, "onednn_speedup", fast_onednn)
     train_lm(run, root / "run", root, stop_after=3, progress=False)
     assert probes == [1]
     _, state = RunDir(root / "run").load()
@@ -207,10 +207,12 @@ def test_a_resumed_run_keeps_the_kernels_its_start_chose(
     def probe_must_not_run(*args: int, **kw: int) -> float:
         raise AssertionError("a resumed run measured the kernels again")
 
-    monkeypatch.setattr(loop, "onednn_speedup", probe_must_not_run)
+    monkeypatch.setattr(cpu_kernels, "onednn_speedup", probe_must_not_run)
     used: list[bool] = []
-    real_use = loop.use_onednn
-    monkeypatch.setattr(loop, "use_onednn", lambda on: used.append(on) or real_use(on))
+    real_use = cpu_kernels.for_training
+    monkeypatch.setattr(
+        cpu_kernels, "for_training", lambda m, k: used.append(k == "onednn") or real_use(m, k)
+    )
     train_lm(run, root / "run", root, resume=True, progress=False)
     assert used == [True]
     _, state = RunDir(root / "run").load()

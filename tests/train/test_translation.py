@@ -164,9 +164,9 @@ def test_token_count_batches_pick_the_linear_kernel_at_their_token_budget(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Token-count batches change shape every step; their rows are padded to bounded shapes
-    (aiayn/nn/linear.py), so the run times oneDNN against MKL at its token budget and keeps the
+    (aiayn/nn/cpu_kernels.py), so the run times oneDNN against MKL at its token budget and keeps the
     faster.  The oneDNN run trains the same model as an MKL run, to fp32 rounding."""
-    import aiayn.train.loop as loop
+    import aiayn.nn.cpu_kernels as cpu_kernels
     from aiayn.checkpoint import RunDir
 
     data, cfg = corpus
@@ -176,10 +176,12 @@ def test_token_count_batches_pick_the_linear_kernel_at_their_token_budget(
         probed.append(rows)
         return 2.0
 
-    monkeypatch.setattr(loop, "onednn_speedup", onednn_faster)
+    monkeypatch.setattr(cpu_kernels, "onednn_speedup", onednn_faster)
     used: list[bool] = []
-    real_use = loop.use_onednn
-    monkeypatch.setattr(loop, "use_onednn", lambda on: used.append(on) or real_use(on))
+    real_use = cpu_kernels.for_training
+    monkeypatch.setattr(
+        cpu_kernels, "for_training", lambda m, k: used.append(k == "onednn") or real_use(m, k)
+    )
     onednn = train_translation(load_run_config(cfg), tmp_path / "onednn", data, progress=False)
     assert probed == [64] and used == [True]  # max_tokens = 64
     assert RunDir(tmp_path / "onednn").load()[1].kernels == {"linear": "onednn"}
