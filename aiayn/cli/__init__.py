@@ -6,6 +6,7 @@ commands and their arguments; the helpers they share are in ``common``."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -21,10 +22,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="The Transformer of Attention Is All You Need: train it, translate, generate,"
         " serve and look inside.",
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="log the library's run-time choices to stderr (e.g. the CPU kernels a block of"
+        " decoding or training measured and took; AIAYN_CPU_KERNELS=off turns them off)",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
     for group in (models, training, decoding, pictures, servers):
         group.add_parsers(sub)
     return parser
+
+
+class _Stderr(logging.Handler):
+    """Each record as one ``aiayn: ...`` line on the current ``sys.stderr``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"aiayn: {record.getMessage()}", file=sys.stderr)
+
+
+def _log_to_stderr() -> None:
+    library = logging.getLogger("aiayn")
+    library.setLevel(logging.INFO)
+    if not any(isinstance(h, _Stderr) for h in library.handlers):
+        library.addHandler(_Stderr())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose:
+        _log_to_stderr()
     try:
         return int(args.func(args))
     except TrainingInterrupted as err:
