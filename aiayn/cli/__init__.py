@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from aiayn.cli import decoding, models, pictures, servers, training
 from aiayn.cli.common import _overrides
@@ -40,11 +41,21 @@ class _Stderr(logging.Handler):
         print(f"aiayn: {record.getMessage()}", file=sys.stderr)
 
 
-def _log_to_stderr() -> None:
+@contextmanager
+def _log_to_stderr(enabled: bool) -> Iterator[None]:
+    """With ``enabled``, the library's INFO records go to stderr for the command's run."""
     library = logging.getLogger("aiayn")
+    if not enabled:
+        yield
+        return
+    handler, level = _Stderr(), library.level
+    library.addHandler(handler)
     library.setLevel(logging.INFO)
-    if not any(isinstance(h, _Stderr) for h in library.handlers):
-        library.addHandler(_Stderr())
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,10 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.verbose:
-        _log_to_stderr()
     try:
-        return int(args.func(args))
+        with _log_to_stderr(args.verbose):
+            return int(args.func(args))
     except TrainingInterrupted as err:
         print(f"aiayn: {err}", file=sys.stderr)
         return 130 if err.signal_name == "SIGINT" else 143
