@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import RunDir, load_bundle
+from aiayn.checkpoint import RunDir, load
 from aiayn.data.batching import batch_shapes
 from aiayn.data.files import data_dir
 from aiayn.device import matmul_gflops
@@ -111,7 +111,7 @@ def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[fl
     from aiayn.cli import _overrides
 
     run = load_run_config(CONFIG, _overrides(BASE + overrides))
-    bundle = load_bundle(checkpoint)
+    bundle = load(checkpoint)
     c = bundle.model.config
     pairs = encode_pairs(load_pairs(run, root, "train"), bundle.tokenizer)  # type: ignore[arg-type]
     lengths = [(len(s), len(t) - 1) for s, t in pairs]

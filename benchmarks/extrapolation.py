@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import load_bundle
+from aiayn.checkpoint import load
 from aiayn.data.files import data_dir
 from aiayn.data.lm_data import TokenStream
 from aiayn.device import matmul_gflops
@@ -61,7 +61,7 @@ def main() -> int:
             t0 = time.perf_counter()
             train_lm(run, out, root, progress=False)
             train_s = time.perf_counter() - t0
-            bundle = load_bundle(Path(out) / "checkpoint")
+            bundle = load(Path(out) / "checkpoint")
         model = bundle.model
         assert isinstance(model, DecoderLM)
         stream = TokenStream.from_file(

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import aiayn
-from aiayn.checkpoint import load_bundle
+from aiayn.checkpoint import load
 from aiayn.data.files import data_dir
 from aiayn.data.parallel import multi30k
 from aiayn.device import matmul_gflops, resolve_device
@@ -101,7 +101,7 @@ def paper_base_training(
         t0 = time.perf_counter()
         result = train_translation(run, out, root, progress=False)
         seconds = time.perf_counter() - t0
-        bundle = load_bundle(result.checkpoint)
+        bundle = load(result.checkpoint)
     model = bundle.model.to(device).eval()
     if device.type == "cuda":
         model = model.to(torch.bfloat16)

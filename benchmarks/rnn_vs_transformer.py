@@ -189,11 +189,11 @@ def _train(config: Path, out: Path, steps: int, root: Path) -> dict[str, Any]:
 
 
 def _score(folder: Path, root: Path) -> dict[str, float]:
-    from aiayn.checkpoint import load_bundle
+    from aiayn.checkpoint import load
     from aiayn.data.parallel import multi30k
     from aiayn.evaluate.translation import evaluate_translation
 
-    bundle = load_bundle(folder / "checkpoint")
+    bundle = load(folder / "checkpoint")
     pairs = multi30k(root / "multi30k", "test_2016_flickr", "de", "en")
     scores, _ = evaluate_translation(
         bundle.model.eval(), bundle.tokenizer, [p.source for p in pairs],  # type: ignore[arg-type]
@@ -212,7 +212,7 @@ def _equal_time_steps(tf_steps: int, seconds: dict[str, float], name: str) -> in
 
 
 def stage_train(out: Path, root: Path) -> dict[str, Any]:
-    from aiayn.checkpoint import load_bundle
+    from aiayn.checkpoint import load
     from aiayn.inspect.calc import translation_batch_flops
     from aiayn.models import build_model
     from aiayn.train.config import load_run_config
@@ -221,7 +221,7 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
     tf_run = load_run_config(CONFIGS["transformer"])
     tf_steps = tf_run.train.max_steps
     _train(CONFIGS["transformer"], out / "transformer", tf_steps, root)
-    tokenizer = load_bundle(out / "transformer" / "checkpoint").tokenizer
+    tokenizer = load(out / "transformer" / "checkpoint").tokenizer
     tf_config = tf_run.model.replace(vocab_size=tokenizer.vocab_size, pad_id=0)
     tf_flops = sum(
         translation_batch_flops(tf_config, *b) for b in _batches(tf_run, tokenizer, root, tf_steps)
@@ -298,7 +298,7 @@ def _reach_models(out: Path, root: Path, steps: int | None) -> dict[str, Path]:
 
 
 def stage_reach(out: Path, root: Path, steps: int | None, min_len: int = 20) -> dict[str, Any]:
-    from aiayn.checkpoint import load_bundle
+    from aiayn.checkpoint import load
     from aiayn.evaluate.gradient_reach import gradient_by_distance
     from aiayn.train.config import load_run_config
     from aiayn.train.translate import collate, encode_pairs, load_pairs
@@ -306,7 +306,7 @@ def stage_reach(out: Path, root: Path, steps: int | None, min_len: int = 20) -> 
     run = load_run_config(CONFIGS["transformer"])
     reach: dict[str, Any] = {}
     for label, folder in _reach_models(out, root, steps).items():
-        bundle = load_bundle(folder / "checkpoint")
+        bundle = load(folder / "checkpoint")
         pairs = [e for e in encode_pairs(load_pairs(run, root, "val"), bundle.tokenizer)  # type: ignore[arg-type]
                  if len(e[1]) - 1 >= min_len]  # fmt: skip
         batches = [collate(pairs[i : i + 16]) for i in range(0, len(pairs), 16)]

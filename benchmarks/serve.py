@@ -92,10 +92,10 @@ def hf_server(checkpoint: str, port: int) -> None:
     from fastapi.responses import StreamingResponse
     from transformers.generation.streamers import BaseStreamer
 
-    from aiayn.checkpoint import load_bundle
+    from aiayn.checkpoint import load
     from aiayn.interop.hf import to_hf_gpt2
 
-    bundle = load_bundle(checkpoint)
+    bundle = load(checkpoint)
     model = to_hf_gpt2(bundle.model.eval(), attn_implementation="sdpa").eval()  # type: ignore[arg-type]
     tok = bundle.tokenizer
     lock = threading.Lock()

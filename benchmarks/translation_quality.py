@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import RunDir, load_bundle, save_with_companions
+from aiayn.checkpoint import RunDir, load, save_with_companions
 from aiayn.data.files import data_dir
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
@@ -59,7 +59,7 @@ def main() -> int:
     )
     test = test[: args.limit] if args.limit else test
     sources, refs = [p.source for p in test], [p.target for p in test]
-    bundle = load_bundle(result.checkpoint)
+    bundle = load(result.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
     assert isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer)
     report: dict[str, Any] = {

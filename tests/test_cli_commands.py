@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import load_bundle
+from aiayn.checkpoint import load
 from aiayn.cli import main
 from aiayn.config import presets
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer
@@ -145,7 +145,7 @@ def test_evaluate_a_language_model_reports_its_cross_entropy(
     got = printed_numbers(out)
     assert set(got) == {"validation loss", "perplexity", "bits per character"}, out
 
-    bundle = load_bundle(char_lm)
+    bundle = load(char_lm)
     model, tokenizer = bundle.model, bundle.tokenizer
     assert isinstance(model, DecoderLM) and isinstance(tokenizer, CharTokenizer)
     ids = torch.tensor(tokenizer.encode(EVAL_TEXT))  # (300,): one token per character
@@ -196,7 +196,7 @@ def test_sampling_is_seeded_and_is_what_the_library_samples(
     code, first, err = run_cli(args, capsys)
     assert code == 0, err
     assert run_cli(args, capsys)[1] == first  # the same seed, the same text
-    bundle = load_bundle(char_lm)
+    bundle = load(char_lm)
     assert isinstance(bundle.model, DecoderLM)
     ids = generate(bundle.model, [bundle.tokenizer.encode(prompt)], max_new_tokens=n,
                    sampling=SamplingConfig(temperature=0.8, top_k=10), seed=3)[0]  # fmt: skip
@@ -243,7 +243,7 @@ class Recorder(io.StringIO):
 def test_multibyte_characters_stream_whole(byte_lm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Byte tokens that end inside a UTF-8 character are written once the character is
     complete: every piece written is whole text, and together they are the decoded tokens."""
-    bundle = load_bundle(byte_lm)
+    bundle = load(byte_lm)
     model, tokenizer = bundle.model, bundle.tokenizer
     assert isinstance(model, DecoderLM) and isinstance(tokenizer, BPETokenizer)
     assert tokenizer.vocab_size == 260  # bytes only: no merges
@@ -283,7 +283,7 @@ def test_translate_reads_stdin_and_writes_stdout(
             "--max-extra", "8"]  # fmt: skip
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
-    bundle = load_bundle(translator)
+    bundle = load(translator)
     model, tokenizer = bundle.model, bundle.tokenizer
     assert isinstance(model, EncoderDecoder) and isinstance(tokenizer, BPETokenizer)
     expected = translate(model.eval(), tokenizer, lines, beam=BeamConfig(beam_size=2, max_extra=8))

@@ -1,12 +1,27 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
 
 import aiayn
-from aiayn.config import ModelConfig, field_names, get_preset
+from aiayn.config import (
+    FLAT_NAMES,
+    AttentionConfig,
+    FeedForwardConfig,
+    MixerConfig,
+    ModelConfig,
+    PositionConfig,
+    RNNConfig,
+    VisionConfig,
+    differing_fields,
+    dotted_settings,
+    field_names,
+    get_preset,
+)
 
 
 def test_presets_and_overrides() -> None:
@@ -34,27 +49,33 @@ def test_preset_sizes_match_published_models() -> None:
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"d_model": 30, "n_heads": 4}, "d_model=30 .*multiple of n_heads=4"),
-        ({"n_heads": 8, "n_kv_heads": 3}, "n_heads=8 .*multiple of n_kv_heads=3"),
-        ({"positional": "t5"}, "positional='t5'.*'sinusoidal'"),
-        ({"norm": "batchnorm"}, "norm='batchnorm'"),
+        (
+            {"d_model": 30, "n_heads": 4},
+            r"ModelConfig.d_model=30 .*multiple of attention.n_heads=4",
+        ),
+        ({"n_heads": 8, "n_kv_heads": 3}, "AttentionConfig.n_heads=8 .*multiple of n_kv_heads=3"),
+        ({"positional": "t5"}, "PositionConfig.scheme='t5'.*'sinusoidal'"),
+        ({"norm": "batchnorm"}, "ModelConfig.norm='batchnorm'"),
         ({"norm_position": "sandwich"}, "norm_position"),
-        ({"activation": "tanh"}, "activation='tanh'"),
-        ({"attention_backend": "cuda"}, "attention_backend"),
+        ({"activation": "tanh"}, "FeedForwardConfig.activation='tanh'"),
+        ({"attention_backend": "cuda"}, "AttentionConfig.backend='cuda'"),
         ({"arch": "rnn"}, "arch='rnn'"),
         ({"n_layers": 0}, "n_layers=0.*positive"),
         ({"d_model": 512.0}, "d_model=512.0.*integer"),
         ({"dropout": 1.5}, r"dropout=1.5.*\[0, 1\)"),
         ({"pad_id": 40000}, "pad_id=40000"),
         ({"src_vocab_size": 100}, "tie_embeddings.*shared vocabulary"),
-        ({"positional": "rope", "d_head": 7}, "d_head=7.*even"),
+        ({"positional": "rope", "d_head": 7}, "attention.d_head=7.*even"),
         ({"layers": 3}, r"unknown ModelConfig field\(s\) \['layers'\]"),
         # TOML and --set give any type: the string "False" is truthy, and was taken as true.
         ({"bias": "False"}, "ModelConfig.bias='False' is invalid: expected true or false"),
         ({"tie_embeddings": 0}, "tie_embeddings=0 is invalid: expected true or false"),
         ({"dropout": "high"}, "dropout='high' is invalid: expected a number"),
         ({"norm_eps": "abc"}, "norm_eps='abc' is invalid: expected a number"),
-        ({"n_kv_heads": "2"}, "n_kv_heads='2' is invalid: expected an integer or None"),
+        (
+            {"n_kv_heads": "2"},
+            "AttentionConfig.n_kv_heads='2' is invalid: expected an integer or None",
+        ),
     ],
 )
 def test_bad_configs_name_the_value(overrides: dict, match: str) -> None:
@@ -100,3 +121,207 @@ def test_initialisations() -> None:
     assert abs(gpt.decoder.blocks[0].ffn.w2.weight.std().item() - shrunk) < 0.001
     with pytest.raises(ValueError, match="init='he'"):
         get_preset("paper-base", init="he")
+
+
+# config.json of a tiny llama-style model as aiayn wrote it before the sub-configs: flat.
+FLAT_CONFIG = {
+    "activation": "swiglu", "arch": "decoder", "attention_backend": "sdpa",
+    "attention_dropout": 0.0, "attention_every": None, "attention_scale": True,
+    "attention_score": "dot", "bias": False, "channels": 3, "d_ff": 64, "d_head": None,
+    "d_model": 32, "dropout": 0.0, "embedding_norm": False, "expert_capacity_factor": None,
+    "experts_top_k": 2, "head_bias": False, "image_size": None, "init": "scaled-normal",
+    "init_std": 0.02, "max_len": 16, "mixer": "attention", "mlm_head": True, "n_classes": None,
+    "n_decoder_layers": None, "n_experts": None, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2,
+    "norm": "rmsnorm", "norm_eps": 1e-06, "norm_position": "pre", "pad_id": None,
+    "patch_size": 16, "pool": "cls", "pooler": False, "positional": "rope", "qkv_bias": None,
+    "residual": True, "rnn": None, "rnn_attention": True, "rope_base": 10000.0,
+    "rope_scaling": 1.0, "scale_embeddings": False, "sliding_window": None,
+    "src_vocab_size": None, "ssm_conv": 4, "ssm_expand": 2, "ssm_head_dim": 64,
+    "ssm_state": 16, "tie_embeddings": False, "type_vocab_size": 0, "vocab_size": 50,
+}  # fmt: skip
+
+
+def test_flat_names_go_to_their_sub_config() -> None:
+    cfg = get_preset(
+        "gpt2-small", n_heads=4, n_kv_heads=2, attention_dropout=0.1, attention_scale=False,
+        positional="rope", rope_base=500.0, d_ff=64, activation="swiglu", n_experts=4,
+        experts_top_k=1, expert_capacity_factor=1.5, mixer="linear", attention_every=2,
+    )  # fmt: skip
+    assert cfg.attention == AttentionConfig(n_heads=4, n_kv_heads=2, dropout=0.1, scale=False)
+    assert cfg.positions == PositionConfig(scheme="rope", rope_base=500.0)
+    assert cfg.ffn == FeedForwardConfig(
+        d_ff=64, activation="swiglu", n_experts=4, top_k=1, capacity_factor=1.5
+    )
+    assert cfg.mixer == MixerConfig(kind="linear", attention_every=2)
+    rnn = get_preset("paper-base", rnn="lstm", rnn_attention=False)
+    assert rnn.rnn == RNNConfig(cell="lstm", attention=False)
+    vit = get_preset(
+        "bert-base", image_size=32, patch_size=8, channels=1, n_classes=10, pool="mean"
+    )
+    assert vit.vision == VisionConfig(
+        image_size=32, patch_size=8, channels=1, n_classes=10, pool="mean"
+    )
+    # Every flat name has a place, and every place is a field.
+    assert set(FLAT_NAMES.values()) <= set(field_names())
+
+
+def test_nested_and_dotted_settings() -> None:
+    base = get_preset("gpt2-small")
+    by_table = base.replace(attention={"n_heads": 4}, ffn={"d_ff": 64})
+    by_dots = base.replace(**{"attention.n_heads": 4, "ffn.d_ff": 64})
+    by_object = base.replace(
+        attention=AttentionConfig(n_heads=4),
+        ffn=base.ffn.__class__(d_ff=64, activation="gelu_tanh"),
+    )
+    assert by_table == by_dots == by_object == base.replace(n_heads=4, d_ff=64)
+    # A table changes only the fields it names; the preset's others stay.
+    assert by_table.ffn.activation == "gelu_tanh" and by_table.positions.scheme == "learned"
+    assert ModelConfig.from_dict(by_table.to_dict()) == by_table
+    assert dotted_settings({"n_heads": 2, "ffn": {"d_ff": 8}, "d_model": 16}) == {
+        "attention.n_heads": 2,
+        "ffn.d_ff": 8,
+        "d_model": 16,
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"wat": 1}, r"unknown ModelConfig field\(s\) \['wat'\]; expected"),
+        ({"top_k": 1}, r"\['top_k'\] \(did you mean ffn.top_k\?\)"),
+        ({"attention.wat": 1}, r"unknown ModelConfig field\(s\) \['attention.wat'\]"),
+        ({"attention": {"n_head": 2}}, r"\['attention.n_head'\]"),
+        ({"positions.positional": "rope"}, r"\['positions.positional'\]"),
+        ({"n_heads": 2, "attention.n_heads": 4}, "attention.n_heads is given twice"),
+        ({"attention": 4}, r"ModelConfig.attention=4 is invalid: expected a sub-config"),
+    ],
+)
+def test_unknown_or_repeated_settings_are_refused(overrides: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        get_preset("paper-base", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("part", "fields", "match"),
+    [
+        (
+            AttentionConfig,
+            {"n_heads": 0},
+            "AttentionConfig.n_heads=0 is invalid: expected a positive",
+        ),
+        (AttentionConfig, {"dropout": 1.0}, r"AttentionConfig.dropout=1.0 .*\[0, 1\)"),
+        (
+            AttentionConfig,
+            {"score": "cosine"},
+            "AttentionConfig.score='cosine' .*'dot', 'additive'",
+        ),
+        (AttentionConfig, {"sliding_window": 0}, "AttentionConfig.sliding_window=0 .*or None"),
+        (
+            PositionConfig,
+            {"rope_base": 0.0},
+            "PositionConfig.rope_base=0.0 is invalid: expected > 0",
+        ),
+        (PositionConfig, {"rope_scaling": -1.0}, "PositionConfig.rope_scaling=-1.0"),
+        (FeedForwardConfig, {"d_ff": 0}, "FeedForwardConfig.d_ff=0 .*positive"),
+        (
+            FeedForwardConfig,
+            {"n_experts": 2, "top_k": 3},
+            "FeedForwardConfig.top_k=3 .*n_experts=2",
+        ),
+        (FeedForwardConfig, {"capacity_factor": 0.0}, "FeedForwardConfig.capacity_factor=0.0"),
+        (MixerConfig, {"kind": "rnn"}, "MixerConfig.kind='rnn' .*'attention', 'linear', 'ssm'"),
+        (MixerConfig, {"attention_every": 2}, "MixerConfig.attention_every=2 .*kind='attention'"),
+        (MixerConfig, {"kind": "ssm", "ssm_state": 0}, "MixerConfig.ssm_state=0"),
+        (RNNConfig, {"cell": "rnn"}, "RNNConfig.cell='rnn' .*'gru', 'lstm' or None"),
+        (RNNConfig, {"attention": "yes"}, "RNNConfig.attention='yes' .*true or false"),
+        (
+            VisionConfig,
+            {"image_size": 30},
+            "VisionConfig.image_size=30 .*multiple of patch_size=16",
+        ),
+        (VisionConfig, {"image_size": 32, "n_classes": 1}, "VisionConfig.n_classes=1 .*at least 2"),
+        (VisionConfig, {"pool": "max"}, "VisionConfig.pool='max' .*'cls', 'mean'"),
+    ],
+)
+def test_each_sub_config_names_its_bad_value(part: type, fields: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        part(**fields)
+    with pytest.raises(ValueError, match=match):  # the same, reached from a ModelConfig
+        get_preset("paper-base", **{f"{_part_name(part)}.{k}": v for k, v in fields.items()})
+
+
+def _part_name(part: type) -> str:
+    return {f.type: f.name for f in dataclasses.fields(ModelConfig)}[part.__name__]
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "match"),
+    [
+        ("paper-base", {"mixer": "ssm"}, "ModelConfig.mixer.kind='ssm' .*decoder only"),
+        ("gpt2-small", {"mixer": "ssm", "sliding_window": 4}, "attention.sliding_window=4"),
+        ("gpt2-small", {"mixer": "linear", "positional": "alibi"}, "positions.scheme='alibi'"),
+        ("gpt2-small", {"mixer": "ssm", "ssm_head_dim": 100}, "mixer.ssm_head_dim=100 .*divisor"),
+        ("gpt2-small", {"image_size": 32, "n_classes": 2}, "vision.image_size=32 .*an encoder"),
+        ("bert-base", {"image_size": 32, "n_classes": 2, "positional": "rope"}, "positions.scheme"),
+        ("gpt2-small", {"rnn": "gru"}, "ModelConfig.rnn.cell='gru' .*RNN baselines translate"),
+        ("bert-base", {"sliding_window": 4}, "attention.sliding_window=4 .*it is causal"),
+    ],
+)
+def test_cross_field_checks_name_the_setting(preset: str, overrides: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        get_preset(preset, **overrides)
+
+
+def test_sub_configs_of_another_type_are_refused() -> None:
+    with pytest.raises(
+        ValueError, match="ModelConfig.ffn=.*expected a sub-config \\(FeedForwardConfig\\)"
+    ):
+        ModelConfig(ffn=AttentionConfig())  # type: ignore[arg-type]
+
+
+def test_json_is_nested_and_round_trips() -> None:
+    cfg = get_preset("llama-style-small", n_experts=4, sliding_window=8)
+    data = json.loads(cfg.to_json())
+    assert data["attention"]["n_kv_heads"] == 4 and data["attention"]["sliding_window"] == 8
+    assert data["positions"] == {"scheme": "rope", "rope_base": 10000.0, "rope_scaling": 1.0}
+    assert data["ffn"]["n_experts"] == 4 and "n_heads" not in data and "d_ff" not in data
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    assert hash(ModelConfig.from_json(cfg.to_json())) == hash(cfg)
+
+
+def test_flat_config_json_of_older_checkpoints_loads(tmp_path: Path) -> None:
+    cfg = ModelConfig.from_dict(FLAT_CONFIG)
+    assert cfg == get_preset(
+        "llama-style-small", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+        vocab_size=50, max_len=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = aiayn.build_model(cfg).eval()
+    aiayn.save(model, tmp_path / "old")
+    (tmp_path / "old" / "manifest.json").unlink()  # an older aiayn's folder: no manifest
+    (tmp_path / "old" / "config.json").write_text(json.dumps(FLAT_CONFIG))
+    loaded = aiayn.load_model(tmp_path / "old").eval()
+    assert loaded.config == cfg
+    ids = torch.randint(0, 50, (1, 6))
+    torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+
+
+def test_value_reads_any_spelling() -> None:
+    cfg = get_preset("llama-style-small")
+    assert cfg.value("n_heads") == cfg.value("attention.n_heads") == cfg.attention.n_heads == 12
+    assert cfg.value("mixer") == "attention" and cfg.value("rnn") is None  # flat: kind, cell
+    assert cfg.value("attention") == cfg.attention and cfg.value("d_model") == 768
+    assert (cfg.value("head_dim"), cfg.value("kv_heads"), cfg.value("projection_bias")) == (
+        64,
+        4,
+        False,
+    )
+    with pytest.raises(ValueError, match="unknown ModelConfig field 'heads'"):
+        cfg.value("heads")
+
+
+def test_differing_fields_are_dotted() -> None:
+    a = get_preset("gpt2-small")
+    b = a.replace(n_heads=4, d_model=256, rope_scaling=2.0)
+    assert differing_fields(a, b) == ["d_model", "attention.n_heads", "positions.rope_scaling"]
+    assert differing_fields(a, b, skip=("attention.n_heads", "positions")) == ["d_model"]

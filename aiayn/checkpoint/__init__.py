@@ -1,10 +1,14 @@
 """Everything that reads or writes a folder of weights: one home, below all that loads.
 
+* :mod:`~aiayn.checkpoint.loader` -- :func:`load`, the one loader: an aiayn checkpoint, a
+  training run's folder (its current checkpoint) or a Hugging Face folder, as a
+  :class:`Bundle`; what every command, the server and the explorer load through.
 * :mod:`~aiayn.checkpoint.atomic` -- writing a folder so that a crash at any instant loses
   nothing (temporary folder, fsync, manifest with SHA-256, atomic rename or exchange).
-* :mod:`~aiayn.checkpoint.model` -- a model: config.json + model.safetensors.
+* :mod:`~aiayn.checkpoint.model` -- a model alone: config.json + model.safetensors
+  (:func:`save`, :func:`load_model`).
 * :mod:`~aiayn.checkpoint.bundle` -- a model with its tokenizer and run config, as every
-  trained checkpoint is; what generation, evaluation, the pictures and the explorer load.
+  trained checkpoint is.
 * :mod:`~aiayn.checkpoint.run_dir` -- a training run's folder: step checkpoints behind an
   atomically switched pointer, snapshots for averaging, the log, crash recovery.
 """
@@ -14,12 +18,12 @@ from aiayn.checkpoint.bundle import (
     TOKENIZER_FILE,
     Bundle,
     is_bundle,
-    load_bundle,
     read_run,
     save_bundle,
     save_with_companions,
 )
-from aiayn.checkpoint.model import CONFIG_FILE, WEIGHTS_FILE, load, read_config, save
+from aiayn.checkpoint.loader import is_hf_folder, load, read_model_config
+from aiayn.checkpoint.model import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config, save
 from aiayn.checkpoint.run_dir import RunDir, TrainState
 
 __all__ = [
@@ -31,9 +35,11 @@ __all__ = [
     "RunDir",
     "TrainState",
     "is_bundle",
+    "is_hf_folder",
     "load",
-    "load_bundle",
+    "load_model",
     "read_config",
+    "read_model_config",
     "read_run",
     "save",
     "save_bundle",

@@ -7,8 +7,9 @@ Every trained checkpoint, snapshot and average is such a folder::
     run.json                         the run's model/data/train configuration
     manifest.json                    sizes and SHA-256 of the files above
 
-This is the one place that reads them: training, generation, evaluation, the pictures, the
-explorer and averaging all load through :func:`load_bundle`.
+:func:`read_bundle` is the one place that reads them; every command, the server, the
+explorer and the library read a checkpoint through :func:`aiayn.checkpoint.load`
+(aiayn/checkpoint/loader.py), which also takes a run folder or a Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint.atomic import write_atomically
-from aiayn.checkpoint.model import CONFIG_FILE, checked_folder, load, read_config, write_model
+from aiayn.checkpoint.model import (
+    CONFIG_FILE,
+    checked_folder,
+    load_model,
+    read_config,
+    write_model,
+)
 from aiayn.data.tokenizer import Tokenizer, load_tokenizer
 from aiayn.models import TransformerModel, build_model
 
@@ -77,7 +84,7 @@ def read_run(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return run
 
 
-def load_bundle(
+def read_bundle(
     directory: str | os.PathLike[str],
     *,
     device: str = "cpu",
@@ -89,10 +96,15 @@ def load_bundle(
     its config but not filled (a sharded training run resumes its weights from the shards,
     after the model is sharded)."""
     path = Path(directory) if verified else checked_folder(directory, "checkpoint")
-    model = load(path, device=device) if weights else build_model(read_config(path)).to(device)
+    model = (
+        load_model(path, device=device) if weights else build_model(read_config(path)).to(device)
+    )
     tok_path = path / TOKENIZER_FILE
     if not tok_path.is_file():
-        raise ValueError(f"checkpoint {path} has no {TOKENIZER_FILE}")
+        raise ValueError(
+            f"checkpoint {path} has no {TOKENIZER_FILE} (a model saved alone, with aiayn.save,"
+            " is read with aiayn.load_model)"
+        )
     try:
         tokenizer = load_tokenizer(tok_path)
     except Exception as err:  # json, KeyError, or the tokenizers library's own errors

@@ -9,6 +9,10 @@ A saved model is a folder::
 
 The folder is written by :func:`aiayn.checkpoint.atomic.write_atomically`: a crash leaves the
 old folder or the new one, never half of one, and a damaged file is named when loading.
+
+:func:`save` and :func:`load_model` are the pair for a model alone (``aiayn.save``,
+``aiayn.load_model``); a checkpoint -- the model with its tokenizer -- is read with
+:func:`aiayn.checkpoint.load` (aiayn/checkpoint/loader.py).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import os
 from pathlib import Path
 
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model as read_weights
+from safetensors.torch import save_model
 
 from aiayn.checkpoint.atomic import recover, verify_manifest, write_atomically
 from aiayn.checkpoint.sharded import is_sharded_checkpoint, load_model_weights
@@ -68,7 +73,7 @@ def read_config(directory: str | os.PathLike[str]) -> ModelConfig:
         raise ValueError(f"corrupt model config {cfg}: {err}") from err
 
 
-def load(directory: str | os.PathLike[str], *, device: str = "cpu") -> TransformerModel:
+def load_model(directory: str | os.PathLike[str], *, device: str = "cpu") -> TransformerModel:
     """Rebuild the model saved in ``directory`` and load its weights (strictly), from
     model.safetensors or, in a sharded checkpoint, from its ``dcp/`` shards."""
     path = checked_folder(directory)
@@ -82,7 +87,7 @@ def load(directory: str | os.PathLike[str], *, device: str = "cpu") -> Transform
         raise ValueError(f"no saved model at {path}: {WEIGHTS_FILE} is missing")
     model = build_model(config)
     try:
-        missing, unexpected = load_model(model, str(weights), strict=False, device=device)
+        missing, unexpected = read_weights(model, str(weights), strict=False, device=device)
     except (SafetensorError, OSError, RuntimeError, json.JSONDecodeError) as err:
         raise ValueError(f"corrupt weights file {weights}: {err}") from err
     if missing or unexpected:

@@ -55,7 +55,7 @@ from aiayn.checkpoint.bundle import (
     RUN_FILE,
     TOKENIZER_FILE,
     Bundle,
-    load_bundle,
+    read_bundle,
     save_bundle,
     write_bundle_files,
 )
@@ -324,10 +324,10 @@ class RunDir:
     def load(self, *, weights: bool = True) -> tuple[Bundle, TrainState]:
         """The latest checkpoint's model, tokenizer, run config and training state; with
         ``weights=False`` a sharded checkpoint's model is built but not filled (see
-        :func:`~aiayn.checkpoint.bundle.load_bundle`)."""
+        :func:`~aiayn.checkpoint.bundle.read_bundle`)."""
         latest = self.latest()
         if latest is None:
             raise ValueError(f"{self.root} holds no checkpoint")
         checked_folder(latest, "checkpoint")  # the manifest first: it names a damaged file
         state = read_state(latest)
-        return load_bundle(latest, weights=weights or not state.sharded, verified=True), state
+        return read_bundle(latest, weights=weights or not state.sharded, verified=True), state

@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
+from aiayn.checkpoint import Bundle, load
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.interop.generation_config import GenerationIds, generation_of
-from aiayn.interop.hf_folder import load_checkpoint
-from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM
+from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
 from aiayn.train.loop import FitResult
+
+M = TypeVar("M", bound=TransformerModel)
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, object]:
@@ -57,22 +60,31 @@ def _device(args: argparse.Namespace) -> torch.device:
     return resolve_device(getattr(args, "device", "auto") or "auto")
 
 
+def _load_as(path: str, kind: type[M], what: str, device: torch.device | None) -> tuple[M, Bundle]:
+    """The model of the checkpoint, run or Hugging Face folder ``path``
+    (:func:`aiayn.checkpoint.load`), which must be a ``kind`` (``what`` names it in the
+    error), in evaluation mode and, given a ``device``, ready for inference there; and its
+    bundle."""
+    from aiayn.device import for_inference
+
+    bundle = load(path)
+    model = bundle.model
+    if not isinstance(model, kind):
+        raise ValueError(f"{path} holds a {type(model).__name__}, not {what}")
+    if device is not None:
+        for_inference(model, device)
+    return model.eval(), bundle
+
+
 def _load_translator(
     path: str, device: torch.device | None = None
 ) -> tuple[EncoderDecoder, BPETokenizer | MarianTokenizer, GenerationIds]:
     """A translation model, its tokenizer and its folder's generation ids (none for a model
     aiayn trained)."""
-    from aiayn.device import for_inference
-
-    bundle = load_checkpoint(path)
-    model, tokenizer = bundle.model, bundle.tokenizer
-    if device is not None:
-        for_inference(model, device)
-    if not isinstance(model, EncoderDecoder) or not isinstance(
-        tokenizer, BPETokenizer | MarianTokenizer
-    ):
+    model, bundle = _load_as(path, EncoderDecoder, "a translation model", device)
+    if not isinstance(bundle.tokenizer, BPETokenizer | MarianTokenizer):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
-    return model.eval(), tokenizer, generation_of(bundle.run)
+    return model, bundle.tokenizer, generation_of(bundle.run)
 
 
 def _check_out(path: str, overwrite: bool) -> None:
@@ -103,17 +115,8 @@ def _load_lm(
 ) -> tuple[DecoderLM, Tokenizer, GenerationIds]:
     """A decoder-only model, its tokenizer and its BOS / PAD / EOS ids (generation_config.json
     of a Hugging Face folder; none for a model aiayn trained)."""
-    from aiayn.device import for_inference
-
-    bundle = load_checkpoint(path)
-    model, tokenizer = bundle.model, bundle.tokenizer
-    if device is not None:
-        for_inference(model, device)
-    if not isinstance(model, DecoderLM):
-        raise ValueError(
-            f"{path} holds a {type(model).__name__}, not a decoder-only language model"
-        )
-    return model.eval(), tokenizer, generation_of(bundle.run)
+    model, bundle = _load_as(path, DecoderLM, "a decoder-only language model", device)
+    return model, bundle.tokenizer, generation_of(bundle.run)
 
 
 def _sampling(args: argparse.Namespace) -> SamplingConfig:
@@ -126,12 +129,9 @@ def _sampling(args: argparse.Namespace) -> SamplingConfig:
 
 
 def _load_encoder(path: str, device: torch.device) -> tuple[EncoderLM, Tokenizer]:
-    from aiayn.device import for_inference
-
-    bundle = load_checkpoint(path)
-    if not isinstance(bundle.model, EncoderLM):
-        raise ValueError(f"{path} holds a {type(bundle.model).__name__}, not an encoder (BERT)")
-    return for_inference(bundle.model, device), bundle.tokenizer
+    """An encoder (BERT) and its tokenizer."""
+    model, bundle = _load_as(path, EncoderLM, "an encoder (BERT)", device)
+    return model, bundle.tokenizer
 
 
 def _print_result(result: FitResult) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import load_bundle
+from aiayn.checkpoint import load
 from aiayn.cli.common import (
     _add_set,
     _check_out,
@@ -16,6 +15,7 @@ from aiayn.cli.common import (
 from aiayn.config import presets
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.inspect.summary import summarize
+from aiayn.interop.families import FAMILIES
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, build_model
 
 
@@ -55,7 +55,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return 0
     if not args.checkpoint:
         raise ValueError("--to-hf needs --checkpoint (the aiayn checkpoint to export)")
-    bundle = load_bundle(args.checkpoint)
+    bundle = load(args.checkpoint)
     if not isinstance(bundle.model, DecoderLM | EncoderLM | EncoderDecoder):
         raise ValueError(f"{args.checkpoint}: a {type(bundle.model).__name__} has no HF layout")
     tok = bundle.tokenizer if isinstance(bundle.tokenizer, BPETokenizer) else None
@@ -65,27 +65,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import save_with_companions
-    from aiayn.checkpoint.bundle import TOKENIZER_FILE
-    from aiayn.train.average import average_checkpoints
+    from aiayn.train.average import write_average
 
     _check_out(args.out, args.overwrite)
-    # One vocabulary: the average keeps the last checkpoint's tokenizer, and a token id must
-    # mean the same in every model averaged.
-    first = Path(args.checkpoints[0]) / TOKENIZER_FILE
-    for other in args.checkpoints[1:]:
-        path = Path(other) / TOKENIZER_FILE
-        if first.is_file() != path.is_file() or (
-            first.is_file() and first.read_bytes() != path.read_bytes()
-        ):
-            raise ValueError(
-                f"cannot average {other} with {args.checkpoints[0]}: their tokenizers"
-                f" ({TOKENIZER_FILE}) differ, so their token ids do not mean the same"
-            )
-    model = average_checkpoints(args.checkpoints)
-    # The last checkpoint's tokenizer and run config go along: the average translates and
-    # evaluates directly.
-    save_with_companions(model, args.out, args.checkpoints[-1])
+    write_average(args.checkpoints, args.out)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 
@@ -126,10 +109,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-hf", metavar="DIR", help="an HF folder (config.json, safetensors)")
     way.add_argument(
-        "--to-hf", metavar="FAMILY", choices=["gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "marian", "bart"],
-        help="write --checkpoint as this HF family",
+        "--to-hf", metavar="FAMILY", choices=list(FAMILIES),
+        help=f"write --checkpoint as this HF family ({', '.join(FAMILIES)})",
     )  # fmt: skip
-    p.add_argument("--checkpoint", help="the aiayn checkpoint to export (with --to-hf)")
+    p.add_argument(
+        "--checkpoint", help="the aiayn checkpoint or run folder to export (with --to-hf)"
+    )
     p.add_argument(
         "--out", required=True, help="the folder to write (an existing one: --overwrite)"
     )

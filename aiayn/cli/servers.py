@@ -6,31 +6,26 @@ import argparse
 import os
 import sys
 
+from aiayn.checkpoint import load
 from aiayn.cli.common import (
     _add_device,
     _device,
 )
 from aiayn.config import presets
 from aiayn.interop.generation_config import generation_of
-from aiayn.interop.hf_folder import load_checkpoint
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/).  The engine runs
-    in this (main) thread, the HTTP server in another (see Engine.run).  Ctrl-C or SIGTERM
-    stops both."""
-    import signal
-    import threading
-
-    import uvicorn
-
+    """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/): the engine runs
+    in this (main) thread, the HTTP server in another, and Ctrl-C or SIGTERM stops both
+    (aiayn/serve/server.py)."""
     from aiayn.device import for_inference
     from aiayn.interop.sentence_transformers import read_pooling
     from aiayn.serve.app import create_app
+    from aiayn.serve.server import run_server
 
-    bundle = load_checkpoint(args.checkpoint)
+    bundle = load(args.checkpoint)
     model = for_inference(bundle.model, _device(args))
-    api_key = args.api_key or os.environ.get("AIAYN_API_KEY") or None
     app = create_app(
         model,
         bundle.tokenizer,
@@ -45,56 +40,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         context=args.context,
         generation=generation_of(bundle.run),
         pooling=read_pooling(args.checkpoint),
-        api_key=api_key,
+        api_key=args.api_key or os.environ.get("AIAYN_API_KEY") or None,
     )
-    # On shutdown the engine stops first and every open stream hears an error event and ends,
-    # so uvicorn's graceful shutdown (which also runs the app's lifespan to its end) is quick;
-    # the timeout bounds it should a client hold its connection open.  A forced exit instead
-    # cancels the lifespan and logs a traceback for an ordinary Ctrl-C.
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level,
-            timeout_graceful_shutdown=5,
-        )
-    )  # fmt: skip
-    engine = app.state.engine
-
-    def http_server() -> None:
-        try:
-            server.run()
-        finally:  # uvicorn gave up (a port in use exits its thread): stop the engine too
-            if engine is not None:
-                engine.stop(wait=False)
-
-    def terminate(signum: int, frame: object) -> None:  # SIGTERM (docker stop, systemd): as Ctrl-C
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    http = threading.Thread(target=http_server, name="aiayn-http", daemon=True)
-    http.start()
-    try:
-        while not server.started and http.is_alive():
-            http.join(0.05)
-        if not server.started:
-            raise OSError(f"could not serve on {args.host}:{args.port} (see the message above)")
-        pool = "" if engine is None else f", KV pool {engine.pool.nbytes() / 2**20:.0f} MiB"
-        print(
-            f"serving {bundle.directory} on http://{args.host}:{args.port}/{pool}", file=sys.stderr
-        )
-        if engine is None:  # translation: requests run on the server's worker threads
-            while http.is_alive():
-                http.join(0.5)
-        else:
-            engine.run()  # until Ctrl-C
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if engine is not None:
-            engine.stop()  # first: the open streams end with an error event
-        server.should_exit = True
-        http.join(10)
-        signal.signal(signal.SIGTERM, previous)
-        print("aiayn serve: stopped", file=sys.stderr)
+    run_server(
+        app, host=args.host, port=args.port, log_level=args.log_level, label=str(bundle.directory)
+    )
     return 0
 
 

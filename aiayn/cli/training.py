@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from aiayn.checkpoint import load
 from aiayn.cli.common import (
     _add_decoding,
     _add_device,
@@ -23,7 +24,6 @@ from aiayn.data.files import data_dir
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.summary import summarize
-from aiayn.interop.hf_folder import load_checkpoint
 from aiayn.models import EncoderDecoder
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "demo_de_en.toml"
@@ -97,7 +97,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "encoder-decoder": train_translation,
         "encoder": train_masked_lm,
     }
-    kind = "image" if run.model.image_size is not None else run.model.arch
+    kind = "image" if run.model.vision.image_size is not None else run.model.arch
     trainers["image"] = train_vision
     if kind not in trainers:
         raise ValueError(f"aiayn train has no task for arch={run.model.arch!r} yet")
@@ -121,13 +121,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aiayn.device import for_inference
     from aiayn.evaluate.perplexity import evaluate_lm
 
-    bundle = load_checkpoint(args.checkpoint)
+    bundle = load(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
     for_inference(model, _device(args))
     data = bundle.run.get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)
-    if model.config.image_size is not None:
+    if model.config.vision.image_size is not None:
         return _evaluate_images(model, bundle.run)
     text = args.text or data.get("text")
     if not text:

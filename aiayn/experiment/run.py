@@ -34,7 +34,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import RunDir, load_bundle, read_run
+from aiayn.checkpoint import RunDir, load, read_run
+from aiayn.config import dotted_settings
 from aiayn.data.batching import batch_shapes
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
@@ -83,14 +84,15 @@ def _close_killed(folder: Path) -> None:
 
 
 def _defaults() -> dict[str, dict[str, Any]]:
-    """Every setting's default, per table: a run saved before a setting existed ran with it."""
+    """Every setting's default, per table (the model's by dotted names): a run saved before a
+    setting existed ran with it."""
     from aiayn.config import ModelConfig
     from aiayn.train.config import DataConfig, TrainConfig
 
     return json.loads(
         json.dumps(
             {
-                "model": ModelConfig().to_dict(),
+                "model": dotted_settings(ModelConfig().to_dict()),
                 "data": dataclasses.asdict(DataConfig()),
                 "train": dataclasses.asdict(TrainConfig()),
             }
@@ -115,7 +117,8 @@ def _check_same_config(folder: Path, run: RunConfig, name: str) -> None:
     defaults = _defaults()
     for table in ("train", "data", "model"):
         before, after = dict(saved.get(table, {})), dict(now[table])
-        if table == "model":
+        if table == "model":  # saved flat by older aiayn, nested now: by dotted names
+            before, after = dotted_settings(before), dotted_settings(after)
             for key in ("vocab_size", "pad_id"):
                 before.pop(key, None), after.pop(key, None)
         changed = _differences(before, after, defaults[table])
@@ -166,19 +169,19 @@ def _model_summary(c: Any) -> dict[str, Any]:
         "n_layers": c.n_layers,
         "n_decoder_layers": c.decoder_layers,
         "d_model": c.d_model,
-        "d_ff": c.d_ff,
-        "n_heads": c.n_heads,
+        "d_ff": c.ffn.d_ff,
+        "n_heads": c.attention.n_heads,
         "d_head": c.head_dim,
         "dropout": c.dropout,
-        "positional": c.positional,
+        "positional": c.positions.scheme,
         "norm_position": c.norm_position,
-        "attention_score": c.attention_score,
-        "attention_scale": c.attention_scale,
+        "attention_score": c.attention.score,
+        "attention_scale": c.attention.scale,
         "residual": c.residual,
-        "rnn": c.rnn,
-        "rnn_attention": c.rnn_attention if c.rnn else None,
-        "mixer": c.mixer,
-        "attention_every": c.attention_every,
+        "rnn": c.rnn.cell,
+        "rnn_attention": c.rnn.attention if c.rnn.cell else None,
+        "mixer": c.mixer.kind,
+        "attention_every": c.mixer.attention_every,
     }
 
 
@@ -198,7 +201,7 @@ def score_variant(
         "train_invocations": len(_timing(folder)),
         "diverged": diverged,
     }
-    bundle = load_bundle(folder / "checkpoint")
+    bundle = load(folder / "checkpoint")
     model, tokenizer = bundle.model, bundle.tokenizer
     c = model.config
     result["model"] = _model_summary(c)

@@ -129,6 +129,35 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file; every variant's run config is built once, so that a bad
     setting is named before anything trains."""
     p = Path(path)
+    head, tables = _read_tables(p)
+    base = (p.parent / str(head["base"])).resolve()
+    if not base.is_file():
+        raise ValueError(f"{p}: base config {base} does not exist")
+    variants = _variants(p, tables)
+    sweep = Sweep(
+        title=str(head.get("title", p.stem)),
+        base=base,
+        steps=_positive(str(p), "steps", head.get("steps")),
+        max_tokens=None
+        if head.get("max_tokens") is None
+        else _positive(str(p), "max_tokens", head.get("max_tokens")),
+        variants=variants,
+        val_limit=_positive(str(p), "val_limit", head.get("val_limit", 0), zero=True),
+        test=_boolean(str(p), "test", head.get("test", True)),
+        beam=_positive(str(p), "beam", head.get("beam", 4), zero=True),
+        shared=_overrides(f"{p} [sweep]", head.get("set", {})),
+        source=p.resolve(),
+        plot=str(head.get("plot", "bars")),
+    )
+    if sweep.plot not in ("bars", "scaling"):
+        raise ValueError(f"{p}: plot = {sweep.plot!r} is invalid: expected 'bars' or 'scaling'")
+    _check_runs(p, sweep)
+    return sweep
+
+
+def _read_tables(p: Path) -> tuple[dict[str, Any], list[Any]]:
+    """The ``[sweep]`` table (its keys checked, ``base`` present) and the ``[[variant]]``
+    tables of the file ``p``."""
     if not p.is_file():
         raise ValueError(f"sweep file {p} does not exist")
     try:
@@ -146,12 +175,14 @@ def load_sweep(path: str | Path) -> Sweep:
         raise ValueError(f"{p}: unknown [sweep] key(s) {extra}; expected {sorted(_SWEEP_KEYS)}")
     if "base" not in head:
         raise ValueError(f"{p}: [sweep] needs base = the run config the variants change")
-    base = (p.parent / str(head["base"])).resolve()
-    if not base.is_file():
-        raise ValueError(f"{p}: base config {base} does not exist")
+    return head, raw.get("variant", [])
+
+
+def _variants(p: Path, tables: list[Any]) -> tuple[Variant, ...]:
+    """The ``[[variant]]`` tables as variants: known keys, folder-safe names used once."""
     variants: list[Variant] = []
     seen: set[str] = set()
-    for i, table in enumerate(raw.get("variant", []), 1):
+    for i, table in enumerate(tables, 1):
         where = f"{p}, variant {i}"
         if not isinstance(table, dict):
             raise ValueError(f"{where}: expected a [[variant]] table")
@@ -176,23 +207,12 @@ def load_sweep(path: str | Path) -> Sweep:
         )
     if not variants:
         raise ValueError(f"{p}: no [[variant]] tables: nothing to run")
-    sweep = Sweep(
-        title=str(head.get("title", p.stem)),
-        base=base,
-        steps=_positive(str(p), "steps", head.get("steps")),
-        max_tokens=None
-        if head.get("max_tokens") is None
-        else _positive(str(p), "max_tokens", head.get("max_tokens")),
-        variants=tuple(variants),
-        val_limit=_positive(str(p), "val_limit", head.get("val_limit", 0), zero=True),
-        test=_boolean(str(p), "test", head.get("test", True)),
-        beam=_positive(str(p), "beam", head.get("beam", 4), zero=True),
-        shared=_overrides(f"{p} [sweep]", head.get("set", {})),
-        source=p.resolve(),
-        plot=str(head.get("plot", "bars")),
-    )
-    if sweep.plot not in ("bars", "scaling"):
-        raise ValueError(f"{p}: plot = {sweep.plot!r} is invalid: expected 'bars' or 'scaling'")
+    return tuple(variants)
+
+
+def _check_runs(p: Path, sweep: Sweep) -> None:
+    """Build every variant's run config once: a bad setting, a time budget or a model kind a
+    sweep cannot train is named now, before anything trains."""
     for v in sweep.variants:
         try:
             sweep.run_config(v)
@@ -209,4 +229,3 @@ def load_sweep(path: str | Path) -> Sweep:
                              f" models, not arch={arch!r}")  # fmt: skip
         if arch == "encoder-decoder" and sweep.max_tokens is None:
             raise ValueError(f"{p}: [sweep] needs max_tokens for translation variants")
-    return sweep

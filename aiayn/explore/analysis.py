@@ -68,7 +68,7 @@ _CACHE_SIZE = 16
 
 
 def _text_model(loaded: Loaded) -> None:
-    if loaded.model.config.image_size is not None:
+    if loaded.model.config.vision.image_size is not None:
         raise NotApplicable("an image model reads images, not text: use its test images")
 
 

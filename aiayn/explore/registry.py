@@ -23,7 +23,9 @@ from aiayn.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_FILE,
     is_bundle,
-    read_config,
+    is_hf_folder,
+    load,
+    read_model_config,
     read_run,
 )
 from aiayn.checkpoint.run_dir import CHECKPOINTS
@@ -31,7 +33,6 @@ from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
 from aiayn.device import for_inference
 from aiayn.inspect.attention_maps import untrained_config
-from aiayn.interop.hf_folder import is_hf_folder, load_checkpoint, read_hf_config
 from aiayn.models import TransformerModel, build_model
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
@@ -87,11 +88,11 @@ class Entry:
             "arch": c.arch,
             "n_layers": c.n_layers,
             "n_decoder_layers": c.n_decoder_layers or c.n_layers,
-            "n_heads": c.n_heads,
+            "n_heads": c.attention.n_heads,
             "d_model": c.d_model,
             "max_len": c.max_len,
             "parameters": _parameters(c),
-            "image": c.image_size is not None,
+            "image": c.vision.image_size is not None,
             "example": self.example,
         }
 
@@ -101,7 +102,7 @@ def _parameters(c: ModelConfig) -> int:
     built on the meta device (no memory) and counted."""
     from aiayn.inspect.calc import parameter_count
 
-    if c.rnn is None and c.image_size is None:
+    if c.rnn.cell is None and c.vision.image_size is None:
         return parameter_count(c)
     with torch.device("meta"):
         return build_model(c).num_parameters()
@@ -150,10 +151,8 @@ class Registry:
                 f"{folder} is not a checkpoint folder (expected {CONFIG_FILE} and {TOKENIZER_FILE})"
             )
         name = name or _checkpoint_name(folder.resolve(), folder.resolve().parent)
-        if is_hf_folder(folder):
-            config, run = read_hf_config(folder), {}
-        else:
-            config, run = read_config(folder), read_run(folder)
+        config = read_model_config(folder)
+        run = {} if is_hf_folder(folder) else read_run(folder)
         self._add(Entry(name, config, folder, example=example_text(config, run)))
         return name
 
@@ -220,7 +219,7 @@ class Registry:
     def _load(entry: Entry, device: torch.device) -> Loaded:
         run: dict[str, Any] | None = None
         if entry.directory is not None:
-            bundle = load_checkpoint(entry.directory)
+            bundle = load(entry.directory)
             model, tokenizer, run = bundle.model, bundle.tokenizer, bundle.run
         else:
             torch.manual_seed(0)

@@ -150,6 +150,13 @@ def _beam_search(
     config: BeamConfig,
     never: Sequence[int],
 ) -> list[list[int]]:
+    """The search itself: each step expands the K live hypotheses of every alive sentence,
+    offers the EOS-ended and the length-capped ones as finished, keeps the K best that go on
+    and drops the sentences that are done from the batch and the cache.  It stays one function
+    (about 95 lines) because every step reads and rewrites the same dozen tensors (scores,
+    histories, the best finished hypothesis, the alive rows); split across functions they
+    would travel as a state object through every call without making a step easier to
+    follow."""
     k = config.beam_size
     memory, keep = model.encode(src)  # (B, S, C), (B, S)
     b, device = src.shape[0], src.device

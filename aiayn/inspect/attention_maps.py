@@ -82,9 +82,9 @@ def _load(
     if Path(name).is_dir():
         if overrides:
             raise ValueError("overrides apply to a preset, not to a trained checkpoint")
-        from aiayn.interop.hf_folder import load_checkpoint  # aiayn's, or an HF folder
+        from aiayn.checkpoint import load  # aiayn's, a run's, or an HF folder
 
-        bundle = load_checkpoint(name)
+        bundle = load(name)
         return bundle.model, bundle.tokenizer
     if name not in presets():
         raise ValueError(
@@ -122,6 +122,17 @@ def _check_index(what: str, value: int | None, n: int, where: str) -> None:
         )
 
 
+# (stream name, per-layer weights (1, H, T_rows, T_cols), row labels, column labels)
+Stream = tuple[str, list[torch.Tensor], list[str], list[str]]
+
+TITLES = {
+    "self": "masked self-attention",
+    "encoder": "encoder self-attention",
+    "decoder": "decoder masked self-attention",
+    "cross": "cross-attention (target rows, source columns)",
+}
+
+
 def attention_maps(
     checkpoint_or_preset: str | Path,
     text: str,
@@ -143,68 +154,73 @@ def attention_maps(
     target = text if target_text is None else target_text
     model, tokenizer = _load(checkpoint_or_preset, text + target, overrides)
     model.eval()
-    max_len = model.config.max_len
-    streams: list[tuple[str, list[torch.Tensor], list[str], list[str]]] = []
-
-    src, src_labels = encode(tokenizer, text, "text")
-    with torch.no_grad():
-        if isinstance(model, EncoderDecoder):
-            (src, src_labels), (tgt, tgt_labels) = as_trained(
-                tokenizer, (src, src_labels), encode(tokenizer, target, "target text", target=True)
-            )
-            for what, ids in (("text", src), ("target text", tgt)):
-                if len(ids) > max_len:
-                    raise ValueError(
-                        f"the {what} is {len(ids)} tokens long, longer than the model's"
-                        f" max_len={max_len}"
-                    )
-            _, w = model.forward_with_weights(torch.tensor([src]), torch.tensor([tgt]))
-            streams.append(("encoder", w["encoder"], src_labels, src_labels))
-            streams.append(("decoder", w["decoder"], tgt_labels, tgt_labels))
-            streams.append(("cross", w["cross"], tgt_labels, src_labels))
-        else:
-            if len(src) > max_len:
-                raise ValueError(
-                    f"the text is {len(src)} tokens long, longer than the model's max_len={max_len}"
-                )
-            _, ws = model.forward_with_weights(torch.tensor([src]))  # type: ignore[operator]
-            name = "encoder" if model.config.arch == "encoder" else "self"
-            streams.append((name, ws, src_labels, src_labels))
-
-    streams = [s for s in streams if s[1]]  # an RNN baseline has cross-attention at most
-    if not streams:
+    streams = [s for s in _streams(model, tokenizer, text, target) if s[1]]
+    if not streams:  # an RNN baseline has cross-attention at most
         raise ValueError(f"{type(model).__name__} records no attention weights to draw")
     for name, ws, _, _ in streams:
         _check_index("layer", layer, len(ws), f"{name} attention")
         _check_index("head", head, ws[0].shape[1], f"{name} attention")
+    return {name: _draw(name, ws, rows, cols, Path(out_dir), layer, head)
+            for name, ws, rows, cols in streams}  # fmt: skip
 
-    titles = {
-        "self": "masked self-attention",
-        "encoder": "encoder self-attention",
-        "decoder": "decoder masked self-attention",
-        "cross": "cross-attention (target rows, source columns)",
-    }
-    out = Path(out_dir)
-    written: dict[str, Path] = {}
-    for name, ws, rows, cols in streams:
-        if layer is not None and head is not None:
-            written[name] = figures.attention_heatmap(
-                ws[layer][0, head],
-                rows,
-                cols,
-                out / f"{name}_layer{layer}_head{head}.png",
-                f"{titles[name]}, layer {layer}, head {head}",
-            )
-        elif layer is not None:
-            written[name] = figures.attention_grid(
-                ws[layer][0],
-                rows,
-                cols,
-                out / f"{name}_layer{layer}.png",
-                f"{titles[name]}, layer {layer}",
-            )
-        else:
-            written[name] = figures.all_layers(
-                [w[0] for w in ws], rows, cols, out / f"{name}_all_layers.png", titles[name]
-            )
-    return written
+
+def _check_length(what: str, ids: list[int], max_len: int) -> None:
+    if len(ids) > max_len:
+        raise ValueError(
+            f"the {what} is {len(ids)} tokens long, longer than the model's max_len={max_len}"
+        )
+
+
+@torch.no_grad()
+def _streams(model: TransformerModel, tokenizer: Tokenizer, text: str, target: str) -> list[Stream]:
+    """The attention ``model`` records on ``text`` (an encoder-decoder: the encoder's on
+    ``text``, the decoder's and the cross-attention on ``target``), one stream per kind."""
+    max_len = model.config.max_len
+    src, src_labels = encode(tokenizer, text, "text")
+    if isinstance(model, EncoderDecoder):
+        (src, src_labels), (tgt, tgt_labels) = as_trained(
+            tokenizer, (src, src_labels), encode(tokenizer, target, "target text", target=True)
+        )
+        _check_length("text", src, max_len)
+        _check_length("target text", tgt, max_len)
+        _, w = model.forward_with_weights(torch.tensor([src]), torch.tensor([tgt]))
+        return [
+            ("encoder", w["encoder"], src_labels, src_labels),
+            ("decoder", w["decoder"], tgt_labels, tgt_labels),
+            ("cross", w["cross"], tgt_labels, src_labels),
+        ]
+    _check_length("text", src, max_len)
+    _, ws = model.forward_with_weights(torch.tensor([src]))  # type: ignore[operator]
+    name = "encoder" if model.config.arch == "encoder" else "self"
+    return [(name, ws, src_labels, src_labels)]
+
+
+def _draw(
+    name: str,
+    ws: list[torch.Tensor],
+    rows: list[str],
+    cols: list[str],
+    out: Path,
+    layer: int | None,
+    head: int | None,
+) -> Path:
+    """One stream's PNG: one head (``layer`` and ``head``), one layer's heads, or every layer."""
+    if layer is not None and head is not None:
+        return figures.attention_heatmap(
+            ws[layer][0, head],
+            rows,
+            cols,
+            out / f"{name}_layer{layer}_head{head}.png",
+            f"{TITLES[name]}, layer {layer}, head {head}",
+        )
+    if layer is not None:
+        return figures.attention_grid(
+            ws[layer][0],
+            rows,
+            cols,
+            out / f"{name}_layer{layer}.png",
+            f"{TITLES[name]}, layer {layer}",
+        )
+    return figures.all_layers(
+        [w[0] for w in ws], rows, cols, out / f"{name}_all_layers.png", TITLES[name]
+    )

@@ -90,57 +90,60 @@ class ParameterBreakdown:
 
 
 def _transformer(c: ModelConfig) -> ModelConfig:
-    if c.rnn is not None:
+    if c.rnn.cell is not None:
         raise ValueError(
-            f"rnn={c.rnn!r}: this calculation covers the Transformer; for the recurrent"
-            " baselines use build_model(config).num_parameters() and translation_batch_flops"
+            f"rnn.cell={c.rnn.cell!r}: this calculation covers the Transformer; for the"
+            " recurrent baselines use build_model(config).num_parameters() and"
+            " translation_batch_flops"
         )
-    if c.image_size is not None:
+    if c.vision.image_size is not None:
         raise ValueError(
-            f"image_size={c.image_size}: this calculation covers text models; for the Vision"
-            " Transformer use build_model(config).num_parameters()"
+            f"vision.image_size={c.vision.image_size}: this calculation covers text models;"
+            " for the Vision Transformer use build_model(config).num_parameters()"
         )
     return c
 
 
 def _attention_weights(c: ModelConfig) -> int:
     """Weights of one attention sublayer: fused Q/K/V (or Q and fused K/V) and W^O."""
-    q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
+    q, kv = c.attention.n_heads * c.head_dim, c.kv_heads * c.head_dim
     return c.d_model * (q + 2 * kv) + q * c.d_model
 
 
 def _attention_score_weights(c: ModelConfig) -> int:
     """The per-head vector w of additive scores w^T tanh(q + k) (aiayn/nn/additive.py): used
     once per query-key pair, so it counts in the attention FLOPs, not in N_matmul."""
-    return c.n_heads * c.head_dim if c.attention_score == "additive" else 0
+    return c.attention.n_heads * c.head_dim if c.attention.score == "additive" else 0
 
 
 def _attention_biases(c: ModelConfig) -> int:
-    q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
+    q, kv = c.attention.n_heads * c.head_dim, c.kv_heads * c.head_dim
     return (q + 2 * kv if c.projection_bias else 0) + (c.d_model if c.bias else 0)
 
 
 def _ffn_weights(c: ModelConfig) -> int:
-    hidden = 2 * c.d_ff if c.activation == "swiglu" else c.d_ff  # SwiGLU fuses W1 and W3
-    return c.d_model * hidden + c.d_ff * c.d_model
+    f = c.ffn
+    hidden = 2 * f.d_ff if f.activation == "swiglu" else f.d_ff  # SwiGLU fuses W1 and W3
+    return c.d_model * hidden + f.d_ff * c.d_model
 
 
 def _ffn_biases(c: ModelConfig) -> int:
-    hidden = 2 * c.d_ff if c.activation == "swiglu" else c.d_ff
+    f = c.ffn
+    hidden = 2 * f.d_ff if f.activation == "swiglu" else f.d_ff
     return (hidden + c.d_model) if c.bias else 0
 
 
 def _ffn_sublayer(c: ModelConfig) -> int:
     """Parameters of one feed-forward sublayer: one FFN, or E experts and a bias-free router."""
     one = _ffn_weights(c) + _ffn_biases(c)
-    return one if c.n_experts is None else c.n_experts * (one + c.d_model)
+    return one if c.ffn.n_experts is None else c.ffn.n_experts * (one + c.d_model)
 
 
 def _ffn_active_weights(c: ModelConfig) -> int:
     """Matmul weights one token passes through in a feed-forward sublayer: the router and its
     top-k experts in a mixture of experts (no token dropped by a capacity factor)."""
     w = _ffn_weights(c)
-    return w if c.n_experts is None else c.experts_top_k * w + c.d_model * c.n_experts
+    return w if c.ffn.n_experts is None else c.ffn.top_k * w + c.d_model * c.ffn.n_experts
 
 
 def _norm(c: ModelConfig, bias: bool) -> int:
@@ -159,8 +162,8 @@ def _stacks(c: ModelConfig) -> tuple[int, int]:
 def _ssm_sizes(c: ModelConfig) -> tuple[int, int, int, int]:
     """(E, H, N, K) of a selective state-space layer (aiayn/nn/ssm.py): inner width, heads,
     state size, convolution taps."""
-    e = c.ssm_expand * c.d_model
-    return e, e // c.ssm_head_dim, c.ssm_state, c.ssm_conv
+    e = c.mixer.ssm_expand * c.d_model
+    return e, e // c.mixer.ssm_head_dim, c.mixer.ssm_state, c.mixer.ssm_conv
 
 
 def _ssm_matmul_weights(c: ModelConfig) -> int:
@@ -214,7 +217,7 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
         tokens = (c.source_vocab_size + v) * d
     else:  # one table (three-way tied in an encoder-decoder: §3.4)
         tokens = v * d
-    positions = n_stacks * c.max_len * d if c.positional == "learned" else 0
+    positions = n_stacks * c.max_len * d if c.positions.scheme == "learned" else 0
     tokens += c.type_vocab_size * d  # BERT's token-type (segment) table
 
     mixers = _mixers(c)
@@ -308,11 +311,11 @@ def training_flops_per_token(config: ModelConfig, context: int) -> int:
     against ``context`` source keys).
     """
     c = config
-    d_attn = c.n_heads * c.head_dim
+    d_attn = c.attention.n_heads * c.head_dim
     # Per query-key pair and head dimension, forward: the score (2: multiply-add; additive
     # scores 3: the sum q + k, then the multiply-add with w -- tanh is not counted) and the
     # weighted value (2); backward twice that.
-    per_pair = 12 if c.attention_score == "dot" else 15
+    per_pair = 12 if c.attention.score == "dot" else 15
     attention = per_pair * _attention_span_sum(c, context) * d_attn
     # A state-space layer's chunked scan (forward, _ssm_scan_flops); backward twice that.
     scan = _mixers(c)["ssm"] * 3 * _ssm_scan_flops(c, context)
@@ -329,14 +332,14 @@ def translation_batch_flops(config: ModelConfig, sentences: int, source: int, ta
     c = config
     if c.arch != "encoder-decoder":
         raise ValueError(f"translation_batch_flops needs arch='encoder-decoder', got {c.arch!r}")
-    if c.rnn is not None:
+    if c.rnn.cell is not None:
         return _rnn_batch_flops(c, sentences, source, target)
     attention, ffn = _attention_weights(c), _ffn_active_weights(c)
     cross_kv = 2 * c.d_model * c.kv_heads * c.head_dim  # cross-attention K, V: on the source
     encoder = c.n_layers * (attention + ffn) + c.decoder_layers * cross_kv
     decoder = c.decoder_layers * (2 * attention - cross_kv + ffn) + c.vocab_size * c.d_model
-    d_attn = c.n_heads * c.head_dim
-    per_pair = 12 if c.attention_score == "dot" else 15
+    d_attn = c.attention.n_heads * c.head_dim
+    per_pair = 12 if c.attention.score == "dot" else 15
     pairs = c.n_layers * source * source + c.decoder_layers * (target * target + target * source)
     return sentences * (6 * (encoder * source + decoder * target) + per_pair * pairs * d_attn)
 
@@ -348,12 +351,12 @@ def _rnn_batch_flops(c: ModelConfig, sentences: int, source: int, target: int) -
     attention, the key projection on the source, the query projection and the output
     combination on the target, and 15 FLOPs per query-key pair and dimension (additive score
     3, weighted sum 2, times 3 for training), and the bridge to the initial state."""
-    gates, d = (3 if c.rnn == "gru" else 4), c.d_model
+    gates, d = (3 if c.rnn.cell == "gru" else 4), c.d_model
     h = d // 2
     encoder = c.n_layers * 2 * gates * (d * h + h * h)  # per source token
     decoder = c.decoder_layers * gates * 2 * d * d + c.vocab_size * d  # per target token
     pairs = 0
-    if c.rnn_attention:
+    if c.rnn.attention:
         encoder += d * d  # U h
         decoder += d * d + 2 * d * d  # W s, W_c [s; c]
         pairs = 15 * source * target * d
@@ -392,13 +395,13 @@ def recurrent_state_bytes(config: ModelConfig, batch: int = 1) -> int:
     linear = sum(c.mixer_at(i) == "linear" for i in range(c.n_layers))
     e, _, n, k = _ssm_sizes(c)
     ssm = _mixers(c)["ssm"] * ((e + 2 * n) * (k - 1) + e * n)  # the conv window and h
-    return batch * 4 * (linear * c.n_heads * c.head_dim * (c.head_dim + 1) + ssm)
+    return batch * 4 * (linear * c.attention.n_heads * c.head_dim * (c.head_dim + 1) + ssm)
 
 
 def kv_cached_positions(config: ModelConfig, context: int) -> int:
     """Positions the cache holds after ``context`` tokens: at most ``sliding_window``."""
     _positive("context", context)
-    w = config.sliding_window
+    w = config.attention.sliding_window
     return context if w is None else min(context, w)
 
 
@@ -437,7 +440,7 @@ def attention_score_bytes(
     """
     _positive("context", context)
     _positive("batch", batch)
-    return batch * config.n_heads * context * context * dtype_size(dtype_bytes)
+    return batch * config.attention.n_heads * context * context * dtype_size(dtype_bytes)
 
 
 # ----- the report -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from aiayn.checkpoint import load_bundle
+from aiayn.checkpoint import load
 from aiayn.data.images import load_split
 from aiayn.models.vision import VisionTransformer
 from aiayn.train.config import DataConfig
@@ -35,7 +35,7 @@ def cls_attention(
     model.eval()
     with torch.no_grad():
         logits, weights = model.forward_with_weights(image[None])
-    grid = model.config.image_size // model.config.patch_size  # type: ignore[operator]
+    grid = model.config.vision.image_size // model.config.vision.patch_size  # type: ignore[operator]
     maps = []
     for w in weights:  # (1, H, 1+N, 1+N)
         if head is not None and not 0 <= head < w.shape[1]:
@@ -49,7 +49,7 @@ def image_attention(
     checkpoint: str | Path, index: int, out_dir: str | Path, *, head: int | None = None
 ) -> tuple[Path, dict[str, Any]]:
     """Draw test image ``index`` of the checkpoint's dataset with its [CLS] attention."""
-    bundle = load_bundle(checkpoint)
+    bundle = load(checkpoint)
     model = bundle.model
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"{checkpoint} holds a {type(model).__name__}, not an image model")

@@ -28,11 +28,12 @@ def summarize(model: TransformerModel) -> str:
         f" ({model.num_parameters(exclude_embeddings=True):,} without embeddings)",
         f"  layers {c.n_layers}"
         + (f"+{c.decoder_layers}" if c.arch == "encoder-decoder" else "")
-        + f", d_model {c.d_model}, heads {c.n_heads} (kv {c.kv_heads}), d_head {c.head_dim},"
-        f" d_ff {c.d_ff}, vocab {c.vocab_size}, max_len {c.max_len}",
-        f"  positions {c.positional}, norm {c.norm} ({c.norm_position}-LN), activation"
-        f" {c.activation}, dropout {c.dropout}, tied embeddings {c.tie_embeddings},"
-        f" attention backend {c.attention_backend}",
+        + f", d_model {c.d_model}, heads {c.attention.n_heads} (kv {c.kv_heads}),"
+        f" d_head {c.head_dim},"
+        f" d_ff {c.ffn.d_ff}, vocab {c.vocab_size}, max_len {c.max_len}",
+        f"  positions {c.positions.scheme}, norm {c.norm} ({c.norm_position}-LN), activation"
+        f" {c.ffn.activation}, dropout {c.dropout}, tied embeddings {c.tie_embeddings},"
+        f" attention backend {c.attention.backend}",
     ]
     for part, n in parameter_breakdown(model).items():
         lines.append(f"  {part:<12} {n:>14,}")

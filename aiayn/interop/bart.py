@@ -20,11 +20,19 @@ target vocabularies.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from aiayn.config import ModelConfig
-from aiayn.interop.hf import NameMap, _check, _transformers, copied_from_hf, copied_to_hf
-from aiayn.interop.marian import marian_names, seq2seq_config, seq2seq_fields
+from aiayn.interop.hf import (
+    NameMap,
+    Reading,
+    _check,
+    _transformers,
+    copied_from_hf,
+    copied_to_hf,
+)
+from aiayn.interop.marian import SHARED_COPIES, marian_names, seq2seq_config, seq2seq_fields
 from aiayn.models.encoder_decoder import EncoderDecoder
 
 OFFSET = 2  # BartLearnedPositionalEmbedding: position p is row p + 2
@@ -69,6 +77,19 @@ def bart_names(config: ModelConfig) -> NameMap:
                 (f"{side}_embed.norm.{p}", (f"model.{stack}.layernorm_embedding.{p}",), False)
             )
     return names
+
+
+def read_bart(hf_config: Any, stored: Collection[str]) -> Reading:
+    """A BART folder's config and name map (its copies of ``model.shared`` skipped)."""
+    config = config_from_bart(hf_config)
+    return Reading(config, bart_names(config), SHARED_COPIES)
+
+
+def write_bart(config: ModelConfig) -> tuple[Any, NameMap]:
+    """The ``BartConfig`` (naming ``BartForConditionalGeneration``) and name map of a folder."""
+    hf_config = _bart_config(config, None)
+    hf_config.architectures = ["BartForConditionalGeneration"]
+    return hf_config, bart_names(config)
 
 
 def from_hf_bart(hf_model: Any) -> EncoderDecoder:

@@ -24,11 +24,13 @@ Strict both ways, as for the decoders (aiayn/interop/hf.py): every weight mapped
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from aiayn.config import ModelConfig
 from aiayn.interop.hf import (
     NameMap,
+    Reading,
     _check,
     _transformers,
     copied_from_hf,
@@ -42,6 +44,9 @@ _ACTIVATIONS_BACK = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
 # The next-sentence head of BertForPreTraining checkpoints (bert-base-uncased and its kin):
 # aiayn has no use for it; a folder that holds it loads without it.
 NSP_WEIGHTS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
+# BERT checkpoints converted from TensorFlow name LayerNorm's weight and bias gamma and beta
+# (bert-base-uncased does); HF renames them when loading, and so does a folder's reading.
+LEGACY_NAMES = ((".LayerNorm.gamma", ".LayerNorm.weight"), (".LayerNorm.beta", ".LayerNorm.bias"))
 
 
 def config_from_bert(hf_config: Any, *, pooler: bool, mlm_head: bool) -> ModelConfig:
@@ -50,7 +55,7 @@ def config_from_bert(hf_config: Any, *, pooler: bool, mlm_head: bool) -> ModelCo
     c = hf_config
     _check("BertConfig", c, hidden_act=tuple(_ACTIVATIONS), is_decoder=(False,))
     _check("BertConfig", c, add_cross_attention=(False,), position_embedding_type=("absolute",))
-    return ModelConfig(
+    return ModelConfig.from_dict(dict(
         arch="encoder", vocab_size=c.vocab_size, n_layers=c.num_hidden_layers,
         d_model=c.hidden_size, n_heads=c.num_attention_heads, d_ff=c.intermediate_size,
         max_len=c.max_position_embeddings, positional="learned", norm="layernorm",
@@ -59,7 +64,7 @@ def config_from_bert(hf_config: Any, *, pooler: bool, mlm_head: bool) -> ModelCo
         scale_embeddings=False, tie_embeddings=getattr(c, "tie_word_embeddings", True),
         pad_id=c.pad_token_id, type_vocab_size=c.type_vocab_size, embedding_norm=True,
         pooler=pooler, mlm_head=mlm_head, init_std=c.initializer_range,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _bert_config(config: ModelConfig, attn_implementation: str | None) -> Any:
@@ -68,14 +73,15 @@ def _bert_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     want = "ModelConfig (for BERT)"
     _check(want, c, arch=("encoder",), positional=("learned",), norm=("layernorm",))
     _check(want, c, norm_position=("post",), activation=tuple(_ACTIVATIONS_BACK), bias=(True,))
-    _check(want, c, scale_embeddings=(False,), kv_heads=(c.n_heads,), embedding_norm=(True,))
-    _check(want, c, head_dim=(c.d_model // c.n_heads,), attention_score=("dot",))
+    heads = c.attention.n_heads
+    _check(want, c, scale_embeddings=(False,), kv_heads=(heads,), embedding_norm=(True,))
+    _check(want, c, head_dim=(c.d_model // heads,), attention_score=("dot",))
     _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
     return _transformers().BertConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers,
-        num_attention_heads=c.n_heads, intermediate_size=c.d_ff,
-        hidden_act=_ACTIVATIONS_BACK[c.activation], hidden_dropout_prob=c.dropout,
-        attention_probs_dropout_prob=c.attention_dropout, max_position_embeddings=c.max_len,
+        num_attention_heads=c.attention.n_heads, intermediate_size=c.ffn.d_ff,
+        hidden_act=_ACTIVATIONS_BACK[c.ffn.activation], hidden_dropout_prob=c.dropout,
+        attention_probs_dropout_prob=c.attention.dropout, max_position_embeddings=c.max_len,
         type_vocab_size=max(1, c.type_vocab_size), layer_norm_eps=c.norm_eps,
         pad_token_id=c.pad_id if c.pad_id is not None else 0, initializer_range=c.init_std,
         tie_word_embeddings=c.tie_embeddings, attn_implementation=attn_implementation,
@@ -117,6 +123,30 @@ def bert_names(config: ModelConfig, prefix: str) -> NameMap:
         if not config.tie_embeddings:
             names.append(("head.proj.weight", ("cls.predictions.decoder.weight",), False))
     return names
+
+
+def read_bert(hf_config: Any, stored: Collection[str]) -> Reading:
+    """A BERT folder loads with what it holds: the pooler if its weights are there, the
+    masked-LM head if its weights are there (under ``bert.``); a next-sentence head, and a
+    stored copy of the tied decoder (the embedding table), are left out."""
+    prefix = "bert." if any(n.startswith("bert.") for n in stored) else ""
+    config = config_from_bert(
+        hf_config,
+        pooler=f"{prefix}pooler.dense.weight" in stored,
+        mlm_head="cls.predictions.bias" in stored,
+    )
+    skipped = {*NSP_WEIGHTS}
+    if config.tie_embeddings:
+        skipped |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    return Reading(config, bert_names(config, prefix), frozenset(skipped))
+
+
+def write_bert(config: ModelConfig) -> tuple[Any, NameMap]:
+    """The ``BertConfig`` and name map of a folder: ``BertForMaskedLM`` with the masked-LM
+    head, ``BertModel`` without."""
+    hf_config = _bert_config(config, None)
+    hf_config.architectures = ["BertForMaskedLM" if config.mlm_head else "BertModel"]
+    return hf_config, bert_names(config, "bert." if config.mlm_head else "")
 
 
 def _kind(hf_model: Any) -> tuple[bool, bool, str]:

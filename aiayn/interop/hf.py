@@ -31,9 +31,10 @@ Name mapping (per layer ``i``; aiayn <- GPT-2 | Llama):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +45,35 @@ from aiayn.models.decoder import DecoderLM
 # (our parameter, HF parameters concatenated along our dim 0, HF stores it transposed)
 NameMap = list[tuple[str, tuple[str, ...], bool]]
 M = TypeVar("M", bound=nn.Module)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a Hugging Face folder of one family holds, in aiayn's terms (each family's
+    ``read`` in aiayn/interop/families.py gives one)."""
+
+    config: ModelConfig
+    names: NameMap  # aiayn parameter <- the HF tensors that fill it
+    skipped: frozenset[str] = frozenset()  # stored, but no weight of their own (tied copies)
+
+
+@dataclass(frozen=True)
+class LlamaVariant:
+    """What sets one member of the Llama family apart; HF's classes are ``{name}Config`` and
+    ``{name}ForCausalLM``.  ``window``: "never" (Llama), "always" (Mistral's
+    ``sliding_window``, on every layer when set) or "opt-in" (Qwen2's, only with
+    ``use_sliding_window``)."""
+
+    name: str
+    window: Literal["never", "always", "opt-in"]
+    qkv_bias: bool = False  # Qwen2Attention: q/k/v_proj with bias, o_proj without
+    experts: bool = False  # Mixtral: a router and experts in place of the MLP
+
+
+LLAMA = LlamaVariant("Llama", "never")
+MISTRAL = LlamaVariant("Mistral", "always")
+QWEN2 = LlamaVariant("Qwen2", "opt-in", qkv_bias=True)
+MIXTRAL = LlamaVariant("Mixtral", "always", experts=True)
 
 # GPT2Config.activation_function -> ours ("gelu_new" is GPT-2's tanh approximation of GELU)
 _GPT2_ACTIVATIONS: dict[str, Activation] = {
@@ -69,7 +99,10 @@ def _transformers() -> Any:
 def _check(owner: str, obj: Any, **allowed: tuple[object, ...]) -> None:
     """Raise ValueError naming the first field of ``obj`` whose value is not in ``allowed``."""
     for name, ok in allowed.items():
-        value = getattr(obj, name, ok[0])  # absent (older/newer HF) = the representable default
+        # A ModelConfig's settings by their flat names (n_heads); an HF config's field absent
+        # (older/newer HF) = the representable default.
+        is_ours = isinstance(obj, ModelConfig)
+        value = obj.value(name) if is_ours else getattr(obj, name, ok[0])
         if value not in ok:
             raise ValueError(f"{owner} {name}={value!r} cannot be converted: expected one of {ok}")
 
@@ -83,7 +116,7 @@ def config_from_gpt2(hf_config: Any) -> ModelConfig:
     _check("GPT2Config", c, activation_function=tuple(_GPT2_ACTIVATIONS))
     _check("GPT2Config", c, scale_attn_weights=(True,), add_cross_attention=(False,))
     _check("GPT2Config", c, scale_attn_by_inverse_layer_idx=(False,))
-    return ModelConfig(
+    return ModelConfig.from_dict(dict(
         arch="decoder", vocab_size=c.vocab_size, n_layers=c.n_layer, d_model=c.n_embd,
         n_heads=c.n_head, d_ff=c.n_inner or 4 * c.n_embd, max_len=c.n_positions,
         positional="learned", norm="layernorm", norm_position="pre", norm_eps=c.layer_norm_epsilon,
@@ -91,7 +124,7 @@ def config_from_gpt2(hf_config: Any) -> ModelConfig:
         dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop, scale_embeddings=False,
         tie_embeddings=getattr(c, "tie_word_embeddings", True), pad_id=None,
         init_std=c.initializer_range,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _llama_rope(c: Any) -> tuple[float, float]:
@@ -107,10 +140,12 @@ def _llama_rope(c: Any) -> tuple[float, float]:
     return float(theta), float(params["factor"]) if kind == "linear" else 1.0
 
 
-def _sliding_window(c: Any, family: str) -> int | None:
+def _sliding_window(c: Any, variant: LlamaVariant) -> int | None:
     """Mistral's ``sliding_window`` (every layer); Qwen2's only when ``use_sliding_window``,
     which must then cover every layer (aiayn windows all layers or none)."""
-    if family == "Qwen2":
+    if variant.window == "never":
+        return None
+    if variant.window == "opt-in":
         if not getattr(c, "use_sliding_window", False):
             return None
         if getattr(c, "max_window_layers", 0) not in (0,):
@@ -122,26 +157,26 @@ def _sliding_window(c: Any, family: str) -> int | None:
     return int(window) if window else None
 
 
-def config_from_llama(hf_config: Any, family: str = "Llama") -> ModelConfig:
+def config_from_llama(hf_config: Any, variant: LlamaVariant = LLAMA) -> ModelConfig:
     """``LlamaConfig`` -> RMSNorm, SwiGLU, rotary positions, grouped-query attention, no bias.
-    The same family: ``MistralConfig`` (+ a sliding window) and ``Qwen2Config`` (+ biases on
-    q, k and v)."""
+    The same family (``variant``): ``MistralConfig`` (+ a sliding window), ``Qwen2Config``
+    (+ biases on q, k and v) and ``MixtralConfig`` (+ a mixture of experts)."""
     c = hf_config
-    owner = f"{family}Config"
+    owner = f"{variant.name}Config"
     _check(owner, c, hidden_act=("silu",), mlp_bias=(False,))
     experts: dict[str, Any] = {}
-    if family == "Mixtral":  # experts of size intermediate_size, the top k mixed (aiayn/nn/moe.py)
+    if variant.experts:  # experts of size intermediate_size, the top k mixed (aiayn/nn/moe.py)
         _check(owner, c, router_jitter_noise=(0.0, None))
         experts = {"n_experts": c.num_local_experts, "experts_top_k": c.num_experts_per_tok}
     qkv_bias: bool | None = None
-    if family == "Qwen2":
-        qkv_bias = True  # Qwen2Attention: q/k/v_proj with bias, o_proj without
+    if variant.qkv_bias:
+        qkv_bias = True
     else:
         _check(owner, c, attention_bias=(False,))
-    window = None if family == "Llama" else _sliding_window(c, family)
+    window = _sliding_window(c, variant)
     rope_base, rope_scaling = _llama_rope(c)
     head_dim = getattr(c, "head_dim", None)
-    return ModelConfig(
+    return ModelConfig.from_dict(dict(
         arch="decoder", vocab_size=c.vocab_size, n_layers=c.num_hidden_layers,
         d_model=c.hidden_size, n_heads=c.num_attention_heads,
         n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
@@ -153,7 +188,7 @@ def config_from_llama(hf_config: Any, family: str = "Llama") -> ModelConfig:
         attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
         scale_embeddings=False, tie_embeddings=bool(c.tie_word_embeddings), pad_id=None,
         init_std=c.initializer_range, qkv_bias=qkv_bias, sliding_window=window, **experts,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
@@ -162,59 +197,61 @@ def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     want = "ModelConfig (for GPT-2)"
     _check(want, c, arch=("decoder",), positional=("learned",), norm=("layernorm",))
     _check(want, c, norm_position=("pre",), activation=tuple(_GPT2_ACTIVATIONS_BACK))
-    _check(want, c, bias=(True,), scale_embeddings=(False,), kv_heads=(c.n_heads,))
-    _check(want, c, head_dim=(c.d_model // c.n_heads,))
+    _check(want, c, bias=(True,), scale_embeddings=(False,), kv_heads=(c.attention.n_heads,))
+    _check(want, c, head_dim=(c.d_model // c.attention.n_heads,))
     _check(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
     # GPT-2's default special token 50256 only exists in its own vocabulary.
     special = {} if c.vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None}
     return _transformers().GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model, n_layer=c.n_layers,
-        n_head=c.n_heads, n_inner=c.d_ff, activation_function=_GPT2_ACTIVATIONS_BACK[c.activation],
-        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.attention_dropout,
+        n_head=c.attention.n_heads, n_inner=c.ffn.d_ff,
+        activation_function=_GPT2_ACTIVATIONS_BACK[c.ffn.activation],
+        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.attention.dropout,
         layer_norm_epsilon=c.norm_eps, initializer_range=c.init_std,
         tie_word_embeddings=c.tie_embeddings, attn_implementation=attn_implementation, **special,
     )  # fmt: skip
 
 
 def _llama_config(
-    config: ModelConfig, attn_implementation: str | None, family: str = "Llama"
+    config: ModelConfig, attn_implementation: str | None, variant: LlamaVariant = LLAMA
 ) -> Any:
-    """ModelConfig -> ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` (inverse of
-    :func:`config_from_llama`).  They have no embedding/residual dropout, so
-    ``config.dropout`` (training only) is dropped."""
+    """ModelConfig -> ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` /
+    ``MixtralConfig`` (inverse of :func:`config_from_llama`).  They have no
+    embedding/residual dropout, so ``config.dropout`` (training only) is dropped."""
     c = config
-    want = f"ModelConfig (for {family})"
+    want = f"ModelConfig (for {variant.name})"
     _check(want, c, arch=("decoder",), positional=("rope",), norm=("rmsnorm",))
     _check(want, c, norm_position=("pre",), activation=("swiglu",))
     _check(want, c, bias=(False,), scale_embeddings=(False,))
     _check(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
-    _check(want, c, mixer=("attention",), projection_bias=(family == "Qwen2",))
-    _check(want, c, n_experts=(None,) if family != "Mixtral" else (c.n_experts,))
+    _check(want, c, mixer=("attention",), projection_bias=(variant.qkv_bias,))
+    _check(want, c, n_experts=(c.ffn.n_experts,) if variant.experts else (None,))
     _check(want, c, expert_capacity_factor=(None,))  # HF computes every assignment
-    if family == "Llama":
+    if variant.window == "never":
         _check(want, c, sliding_window=(None,))
-    scaling = None if c.rope_scaling == 1.0 else {"rope_type": "linear", "factor": c.rope_scaling}
+    p = c.positions
+    scaling = None if p.rope_scaling == 1.0 else {"rope_type": "linear", "factor": p.rope_scaling}
     extra: dict[str, Any] = {}
-    if family in ("Mistral", "Mixtral"):
-        extra["sliding_window"] = c.sliding_window
-    if family == "Mixtral":
-        if c.n_experts is None:
+    if variant.window == "always":
+        extra["sliding_window"] = c.attention.sliding_window
+    if variant.experts:
+        if c.ffn.n_experts is None:
             raise ValueError(
                 "ModelConfig (for Mixtral) n_experts=None: Mixtral is a mixture of experts"
             )
-        extra.update(num_local_experts=c.n_experts, num_experts_per_tok=c.experts_top_k,
+        extra.update(num_local_experts=c.ffn.n_experts, num_experts_per_tok=c.ffn.top_k,
                      router_jitter_noise=0.0)  # fmt: skip
-    elif family == "Qwen2":
-        window = c.sliding_window is not None
-        extra.update(use_sliding_window=window, sliding_window=c.sliding_window,
+    elif variant.window == "opt-in":
+        window = c.attention.sliding_window is not None
+        extra.update(use_sliding_window=window, sliding_window=c.attention.sliding_window,
                      max_window_layers=0 if window else c.n_layers)  # fmt: skip
-    return getattr(_transformers(), f"{family}Config")(
+    return getattr(_transformers(), f"{variant.name}Config")(
         **extra,
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.ffn.d_ff,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.attention.n_heads,
         num_key_value_heads=c.kv_heads, head_dim=c.head_dim, hidden_act="silu",
         max_position_embeddings=c.max_len, rms_norm_eps=c.norm_eps,
-        rope_theta=c.rope_base, rope_scaling=scaling, attention_dropout=c.attention_dropout,
+        rope_theta=p.rope_base, rope_scaling=scaling, attention_dropout=c.attention.dropout,
         initializer_range=c.init_std, tie_word_embeddings=c.tie_embeddings,
         attn_implementation=attn_implementation,
     )  # fmt: skip
@@ -273,7 +310,7 @@ def _llama_names(config: ModelConfig, experts: str = "") -> NameMap:
             (f"{ours}self_attn.out.weight", (f"{attn}o_proj.weight",), False),
             (f"{ours}norm2.weight", (f"{hf}post_attention_layernorm.weight",), False),
         ]
-        if config.n_experts is None:
+        if config.ffn.n_experts is None:
             names += [
                 # (2 F, C) = [gate_proj (F, C) = W1; up_proj (F, C) = W3]
                 (
@@ -286,7 +323,7 @@ def _llama_names(config: ModelConfig, experts: str = "") -> NameMap:
             continue
         moe = f"{hf}mlp." if experts == "fused" else f"{hf}block_sparse_moe."
         names.append((f"{ours}ffn.router.weight", (f"{moe}gate.weight",), False))
-        for e in range(config.n_experts):
+        for e in range(config.ffn.n_experts):
             mine = f"{ours}ffn.experts.{e}."
             if experts == "fused":  # gate_up_proj[e] is [gate; up] = [W1; W3], our w13
                 names += [(f"{mine}w13.weight", (f"{moe}experts.gate_up_proj[{e}]",), False),
@@ -378,99 +415,102 @@ def copied_to_hf(model: nn.Module, hf_model: M, names: NameMap, family: str) -> 
     return hf_model.to(device=ref.device, dtype=ref.dtype).train(model.training)
 
 
-def _from_hf(hf_model: nn.Module, config: ModelConfig, names: NameMap, family: str) -> DecoderLM:
-    return copied_from_hf(DecoderLM(config), hf_model, names, family)
-
-
-def _to_hf(model: DecoderLM, hf_model: nn.Module, names: NameMap, family: str) -> Any:
-    return copied_to_hf(model, hf_model, names, family)
+def experts_layout(names: Iterable[str]) -> str:
+    """How a Mixtral's experts are stored, from its tensor names: "per-expert" (the Hub's
+    checkpoints, transformers 4.x) or "fused" (transformers 5)."""
+    return "per-expert" if any(".block_sparse_moe." in n for n in names) else "fused"
 
 
 def from_hf_gpt2(hf_model: Any) -> DecoderLM:
     """A ``GPT2LMHeadModel`` as a :class:`DecoderLM` with identical weights."""
     config = config_from_gpt2(hf_model.config)
-    return _from_hf(hf_model, config, _gpt2_names(config), "GPT-2")
-
-
-def from_hf_llama(hf_model: Any) -> DecoderLM:
-    """A ``LlamaForCausalLM`` as a :class:`DecoderLM` with identical weights."""
-    config = config_from_llama(hf_model.config)
-    return _from_hf(hf_model, config, _llama_names(config), "Llama")
-
-
-def from_hf_mistral(hf_model: Any) -> DecoderLM:
-    """A ``MistralForCausalLM`` (Llama with a sliding window) as a :class:`DecoderLM`."""
-    config = config_from_llama(hf_model.config, "Mistral")
-    return _from_hf(hf_model, config, _llama_names(config), "Mistral")
-
-
-def from_hf_mixtral(hf_model: Any) -> DecoderLM:
-    """A ``MixtralForCausalLM`` (Mistral with a mixture of experts) as a :class:`DecoderLM`."""
-    config = config_from_llama(hf_model.config, "Mixtral")
-    return _from_hf(hf_model, config, _llama_names(config, _experts_layout(hf_model)), "Mixtral")
-
-
-def to_hf_mixtral(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
-    """A ``MixtralForCausalLM`` with ``model``'s weights."""
-    hf_config = _llama_config(model.config, attn_implementation, "Mixtral")
-    hf_model = _transformers().MixtralForCausalLM(hf_config)
-    return _to_hf(model, hf_model, _llama_names(model.config, _experts_layout(hf_model)), "Mixtral")
-
-
-def _experts_layout(hf_model: nn.Module) -> str:
-    """transformers 5 fuses Mixtral's experts; 4.x keeps one module per expert."""
-    per_expert = any(".block_sparse_moe." in n for n, _ in hf_model.named_parameters())
-    return "per-expert" if per_expert else "fused"
-
-
-def from_hf_qwen2(hf_model: Any) -> DecoderLM:
-    """A ``Qwen2ForCausalLM`` (Llama with q, k, v biases) as a :class:`DecoderLM`."""
-    config = config_from_llama(hf_model.config, "Qwen2")
-    return _from_hf(hf_model, config, _llama_names(config), "Qwen2")
-
-
-def to_hf_mistral(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
-    """A ``MistralForCausalLM`` with ``model``'s weights."""
-    hf_config = _llama_config(model.config, attn_implementation, "Mistral")
-    hf_model = _transformers().MistralForCausalLM(hf_config)
-    return _to_hf(model, hf_model, _llama_names(model.config), "Mistral")
-
-
-def to_hf_qwen2(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
-    """A ``Qwen2ForCausalLM`` with ``model``'s weights."""
-    hf_config = _llama_config(model.config, attn_implementation, "Qwen2")
-    hf_model = _transformers().Qwen2ForCausalLM(hf_config)
-    return _to_hf(model, hf_model, _llama_names(model.config), "Qwen2")
-
-
-FROM_HF = {
-    "gpt2": from_hf_gpt2,
-    "llama": from_hf_llama,
-    "mistral": from_hf_mistral,
-    "qwen2": from_hf_qwen2,
-    "mixtral": from_hf_mixtral,
-}
-
-
-def from_hf(hf_model: Any) -> DecoderLM:
-    """Any supported Hugging Face causal LM, by its ``config.model_type``."""
-    kind = getattr(hf_model.config, "model_type", None)
-    if kind not in FROM_HF:
-        raise ValueError(
-            f"model_type={kind!r} cannot be converted: supported are {', '.join(FROM_HF)}"
-        )
-    return FROM_HF[kind](hf_model)
+    return copied_from_hf(DecoderLM(config), hf_model, _gpt2_names(config), "GPT-2")
 
 
 def to_hf_gpt2(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
     """A ``GPT2LMHeadModel`` with ``model``'s weights (its config must be GPT-2 shaped)."""
     hf_config = _gpt2_config(model.config, attn_implementation)
     hf_model = _transformers().GPT2LMHeadModel(hf_config)
-    return _to_hf(model, hf_model, _gpt2_names(model.config), "GPT-2")
+    return copied_to_hf(model, hf_model, _gpt2_names(model.config), "GPT-2")
+
+
+def read_gpt2(hf_config: Any, stored: Collection[str]) -> Reading:
+    """A GPT-2 folder's config and name map."""
+    config = config_from_gpt2(hf_config)
+    return Reading(config, _gpt2_names(config))
+
+
+def write_gpt2(config: ModelConfig) -> tuple[Any, NameMap]:
+    """The ``GPT2Config`` (naming ``GPT2LMHeadModel``) and name map of a GPT-2 folder."""
+    hf_config = _gpt2_config(config, None)
+    hf_config.architectures = ["GPT2LMHeadModel"]
+    return hf_config, _gpt2_names(config)
+
+
+def llama_from_hf(hf_model: Any, variant: LlamaVariant) -> DecoderLM:
+    """A ``{variant.name}ForCausalLM`` as a :class:`DecoderLM` with identical weights."""
+    config = config_from_llama(hf_model.config, variant)
+    layout = experts_layout(n for n, _ in hf_model.named_parameters())
+    return copied_from_hf(DecoderLM(config), hf_model, _llama_names(config, layout), variant.name)
+
+
+def llama_to_hf(model: DecoderLM, variant: LlamaVariant, attn_implementation: str | None) -> Any:
+    """A ``{variant.name}ForCausalLM`` with ``model``'s weights."""
+    hf_config = _llama_config(model.config, attn_implementation, variant)
+    hf_model = getattr(_transformers(), f"{variant.name}ForCausalLM")(hf_config)
+    layout = experts_layout(n for n, _ in hf_model.named_parameters())
+    return copied_to_hf(model, hf_model, _llama_names(model.config, layout), variant.name)
+
+
+def read_llama(hf_config: Any, stored: Collection[str], variant: LlamaVariant) -> Reading:
+    """A Llama-family folder's config and name map (a Mixtral's experts as they are stored)."""
+    config = config_from_llama(hf_config, variant)
+    return Reading(config, _llama_names(config, experts_layout(stored)))
+
+
+def write_llama(config: ModelConfig, variant: LlamaVariant) -> tuple[Any, NameMap]:
+    """The HF config and name map of a Llama-family folder; a Mixtral's experts in the Hub's
+    layout, one w1/w2/w3 per expert, which every transformers version reads."""
+    hf_config = _llama_config(config, None, variant)
+    hf_config.architectures = [f"{variant.name}ForCausalLM"]
+    return hf_config, _llama_names(config, "per-expert")
+
+
+def from_hf_llama(hf_model: Any) -> DecoderLM:
+    """A ``LlamaForCausalLM`` as a :class:`DecoderLM` with identical weights."""
+    return llama_from_hf(hf_model, LLAMA)
+
+
+def from_hf_mistral(hf_model: Any) -> DecoderLM:
+    """A ``MistralForCausalLM`` (Llama with a sliding window) as a :class:`DecoderLM`."""
+    return llama_from_hf(hf_model, MISTRAL)
+
+
+def from_hf_qwen2(hf_model: Any) -> DecoderLM:
+    """A ``Qwen2ForCausalLM`` (Llama with q, k, v biases) as a :class:`DecoderLM`."""
+    return llama_from_hf(hf_model, QWEN2)
+
+
+def from_hf_mixtral(hf_model: Any) -> DecoderLM:
+    """A ``MixtralForCausalLM`` (Mistral with a mixture of experts) as a :class:`DecoderLM`."""
+    return llama_from_hf(hf_model, MIXTRAL)
 
 
 def to_hf_llama(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
     """A ``LlamaForCausalLM`` with ``model``'s weights (its config must be Llama shaped)."""
-    hf_config = _llama_config(model.config, attn_implementation)
-    hf_model = _transformers().LlamaForCausalLM(hf_config)
-    return _to_hf(model, hf_model, _llama_names(model.config), "Llama")
+    return llama_to_hf(model, LLAMA, attn_implementation)
+
+
+def to_hf_mistral(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``MistralForCausalLM`` with ``model``'s weights."""
+    return llama_to_hf(model, MISTRAL, attn_implementation)
+
+
+def to_hf_qwen2(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``Qwen2ForCausalLM`` with ``model``'s weights."""
+    return llama_to_hf(model, QWEN2, attn_implementation)
+
+
+def to_hf_mixtral(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
+    """A ``MixtralForCausalLM`` with ``model``'s weights."""
+    return llama_to_hf(model, MIXTRAL, attn_implementation)

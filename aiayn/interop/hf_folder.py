@@ -15,10 +15,13 @@ an error naming it, never a partial load.
 Saving writes the HF names (the fused projections split again), in shards of at most
 ``max_shard_bytes``, with the index HF's ``from_pretrained`` reads.
 
-Families: GPT-2, Llama, Mistral, Qwen2, Mixtral (aiayn/interop/hf.py holds their name maps), BERT
-(aiayn/interop/bert.py), Marian (aiayn/interop/marian.py) and BART (aiayn/interop/bart.py).  A BERT folder loads with what it holds: the pooler if its weights are
-there, the masked-LM head if its weights are there (bert-base-uncased and its kin hold both,
-plus a next-sentence head, which is left out).
+Families: GPT-2, Llama, Mistral, Qwen2, Mixtral, BERT, Marian and BART, each an adapter in
+aiayn/interop/families.py, found by ``config.json``'s ``model_type``; this module only asks
+the adapter.  A BERT folder loads with what it holds: the pooler if its weights are there,
+the masked-LM head if its weights are there (bert-base-uncased and its kin hold both, plus a
+next-sentence head, which is left out).
+
+:func:`aiayn.checkpoint.load` reads an HF folder through :func:`load_hf_bundle`.
 """
 
 from __future__ import annotations
@@ -36,45 +39,21 @@ from safetensors.torch import save_file
 from torch import nn
 
 from aiayn.checkpoint.atomic import write_atomically
-from aiayn.checkpoint.bundle import Bundle, load_bundle, save_bundle
+from aiayn.checkpoint.bundle import Bundle, save_bundle
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
-from aiayn.interop.bart import _bart_config, bart_names, config_from_bart
-from aiayn.interop.bert import NSP_WEIGHTS, _bert_config, bert_names, config_from_bert
+from aiayn.interop.families import Family, family_of
 from aiayn.interop.generation_config import read_generation
-from aiayn.interop.hf import (
-    NameMap,
-    _gpt2_config,
-    _gpt2_names,
-    _llama_config,
-    _llama_names,
-    _transformers,
-    config_from_gpt2,
-    config_from_llama,
-    split_index,
-)
-from aiayn.interop.marian import _marian_config, config_from_marian, marian_names, marian_positions
+from aiayn.interop.hf import NameMap, Reading, _transformers, split_index
+from aiayn.interop.json_files import read_json_object
 from aiayn.interop.tokenizer_config import apply_settings, read_settings
-from aiayn.models import EncoderDecoder, EncoderLM, TransformerModel
-from aiayn.models.decoder import DecoderLM
+from aiayn.models import TransformerModel
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-FAMILIES = {
-    "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
-    "mixtral": "Mixtral", "bert": "BERT", "marian": "Marian", "bart": "BART",
-}  # fmt: skip
 # Buffers older checkpoints carry (GPT-2's causal masks, BERT's position ids), not weights:
 # skipped when present.
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "embeddings.position_ids")
-
-
-def _family_of(model_type: str | None) -> str:
-    if model_type not in FAMILIES:
-        raise ValueError(
-            f"model_type={model_type!r} cannot be loaded: supported are {', '.join(FAMILIES)}"
-        )
-    return FAMILIES[model_type]
 
 
 def _weight_files(folder: Path) -> dict[str, Path]:
@@ -97,86 +76,43 @@ def _weight_files(folder: Path) -> dict[str, Path]:
         return dict.fromkeys(f.keys(), single)
 
 
-def is_hf_folder(directory: str | os.PathLike[str]) -> bool:
-    """A Hugging Face checkpoint folder: its config.json names a ``model_type`` (an aiayn
-    checkpoint's config.json is a ModelConfig, which has none)."""
-    cfg = Path(directory) / "config.json"
-    try:
-        return cfg.is_file() and "model_type" in json.loads(cfg.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return False
-
-
-def _modern(name: str) -> str:
-    """BERT checkpoints converted from TensorFlow name LayerNorm's weight and bias gamma and
-    beta (bert-base-uncased does); HF renames them when loading, and so does this."""
-    for old, new in (
-        (".LayerNorm.gamma", ".LayerNorm.weight"),
-        (".LayerNorm.beta", ".LayerNorm.bias"),
-    ):
+def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """``name`` with an old suffix replaced by today's (BERT's gamma/beta), as HF renames it
+    when loading."""
+    for old, new in renames:
         if name.endswith(old):
             return name[: -len(old)] + new
     return name
 
 
-def _plan(folder: Path) -> tuple[str, ModelConfig, NameMap, dict[str, Path], dict[str, str]]:
-    """(family, aiayn config, name map, HF tensor name -> file, HF name -> the name stored in
-    the file where they differ) of an HF folder."""
+def _plan(folder: Path) -> tuple[Family, Reading, dict[str, Path], dict[str, str]]:
+    """(family, what the folder holds in aiayn's terms, HF tensor name -> file, HF name ->
+    the name stored in the file where they differ) of an HF folder."""
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
+    family = family_of(read_json_object(folder / "config.json").get("model_type"))
     hf_config = _transformers().AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    family = _family_of(getattr(hf_config, "model_type", None))
     files = _weight_files(folder)
     stored_as: dict[str, str] = {}
-    if family == "BERT":
-        stored_as = {_modern(n): n for n in files if _modern(n) != n}
-        files = {_modern(n): p for n, p in files.items()}
-        prefix = "bert." if any(n.startswith("bert.") for n in files) else ""
-        config = config_from_bert(
-            hf_config,
-            pooler=f"{prefix}pooler.dense.weight" in files,
-            mlm_head="cls.predictions.bias" in files,
-        )
-        ignored = {*NSP_WEIGHTS}
-        if config.tie_embeddings:  # a stored copy of the tied decoder is the embedding table
-            ignored |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
-        files = {n: p for n, p in files.items() if n not in ignored}
-        return family, config, bert_names(config, prefix), files, stored_as
-    if family == "Marian":
-        config = config_from_marian(hf_config)
-        tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                "lm_head.weight")  # copies of model.shared  # fmt: skip
-        files = {n: p for n, p in files.items() if n not in tied}
-        names = marian_names(config)
-        # The sinusoid tables are often not stored: they are computed when absent.
-        names = [n for n in names if "embed_positions" not in n[1][0] or n[1][0] in files]
-        return family, config, names, files, stored_as
-    if family == "BART":
-        config = config_from_bart(hf_config)
-        tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                "lm_head.weight")  # copies of model.shared  # fmt: skip
-        files = {n: p for n, p in files.items() if n not in tied}
-        return family, config, bart_names(config), files, stored_as
-    if family == "GPT-2":
-        config = config_from_gpt2(hf_config)
-        return family, config, _gpt2_names(config), files, stored_as
-    config = config_from_llama(hf_config, family)
-    if family != "Mixtral":
-        return family, config, _llama_names(config), files, stored_as
-    # The Hub's Mixtral checkpoints keep one w1/w2/w3 per expert; transformers 5 saves fused.
-    layout = "per-expert" if any(".block_sparse_moe." in n for n in files) else "fused"
-    return family, config, _llama_names(config, layout), files, stored_as
+    if family.renames:
+        renamed = {n: _renamed(n, family.renames) for n in files}
+        stored_as = {new: old for old, new in renamed.items() if new != old}
+        files = {renamed[n]: p for n, p in files.items()}
+    reading = family.read(hf_config, files.keys())
+    files = {n: p for n, p in files.items() if n not in reading.skipped}
+    return family, reading, files, stored_as
 
 
 def read_hf_config(directory: str | os.PathLike[str]) -> ModelConfig:
     """The aiayn config of an HF folder, without reading its weights."""
-    return _plan(Path(directory))[1]
+    return _plan(Path(directory))[1].config
 
 
 def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
-    """An aiayn model from a Hugging Face checkpoint folder (see the module docstring): a
-    :class:`DecoderLM`, or an :class:`EncoderLM` for BERT."""
-    family, config, names, files, stored_as = _plan(Path(directory))
+    """An aiayn model from a Hugging Face checkpoint folder (see the module docstring): the
+    model class its family's adapter names (a ``DecoderLM``, an ``EncoderLM`` for BERT, an
+    ``EncoderDecoder`` for Marian and BART)."""
+    family, reading, files, stored_as = _plan(Path(directory))
     headers = {path: _header(path) for path in set(files.values())}
     for name, original in stored_as.items():  # gamma -> weight, beta -> bias
         header = headers[files[name]][1]
@@ -184,38 +120,22 @@ def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
             header[name] = header.pop(original)
     dtype = _stored_dtype(files, headers)
     with _parameters_on_meta():
-        model: TransformerModel
-        if family == "BERT":
-            model = EncoderLM(config)
-        elif family in ("Marian", "BART"):
-            model = EncoderDecoder(config)
-        else:
-            model = DecoderLM(config)
+        model = family.model(reading.config)
     _materialize(model, dtype)
-    computed = set()
-    if family == "Marian":  # position tables the folder leaves out are Marian's sinusoids
-        mapped = {o for o, _, _ in names}
-        params = dict(model.named_parameters())
-        for ours in ("src_embed.positions.weight", "tgt_embed.positions.weight"):
-            if ours not in mapped:
-                with torch.no_grad():
-                    params[ours].copy_(marian_positions(*params[ours].shape))
-                computed.add(ours)
-    _fill(model, names, files, headers, family, computed)
+    computed = family.fill_unstored(model, {o for o, _, _ in reading.names})
+    _fill(model, reading.names, files, headers, family.name, computed)
     return model.eval()
 
 
-def load_checkpoint(directory: str | os.PathLike[str]) -> Bundle:
-    """Model and tokenizer from an aiayn checkpoint folder or, read in place, a Hugging Face
-    one (what every command's ``--checkpoint`` accepts)."""
+def load_hf_bundle(directory: str | os.PathLike[str]) -> Bundle:
+    """Model, tokenizer and generation ids (BOS / PAD / EOS) of a Hugging Face folder, read
+    in place: what :func:`aiayn.checkpoint.load` gives for one."""
     folder = Path(directory)
-    if not is_hf_folder(folder):
-        return load_bundle(folder)
     model = load_hf_folder(folder)
     run = {
         "model": model.config.to_dict(),
         "source": {"huggingface": str(folder)},
-        "generation": read_generation(folder).to_dict(),  # BOS / PAD / EOS ids
+        "generation": read_generation(folder).to_dict(),
     }
     return Bundle(model, load_hf_tokenizer(folder), run, folder)
 
@@ -493,33 +413,29 @@ def save_hf_folder(
     tokenizer: BPETokenizer | None = None,
     max_shard_bytes: int = 5 * 2**30,
 ) -> Path:
-    """Write ``model`` as a Hugging Face ``family`` checkpoint folder ("gpt2", "llama",
-    "mistral", "qwen2", "mixtral", "bert", "marian", "bart"), atomically; shards of at most ``max_shard_bytes`` with an
-    index, and the tokenizer as ``tokenizer.json`` when given."""
-    name = _family_of(family)
-    if name == "BART":
-        hf_config = _bart_config(model.config, None)
-        names = bart_names(model.config)
-        architecture = "BartForConditionalGeneration"
-    elif name == "Marian":
-        hf_config = _marian_config(model.config, None)
-        names = marian_names(model.config)
-        architecture = "MarianMTModel"
-    elif name == "BERT":
-        hf_config = _bert_config(model.config, None)
-        prefix = "bert." if model.config.mlm_head else ""
-        names = bert_names(model.config, prefix)
-        architecture = "BertForMaskedLM" if model.config.mlm_head else "BertModel"
-    elif name == "GPT-2":
-        hf_config = _gpt2_config(model.config, None)
-        names = _gpt2_names(model.config)
-        architecture = "GPT2LMHeadModel"
-    else:
-        hf_config = _llama_config(model.config, None, name)
-        # Mixtral in the Hub's layout, one w1/w2/w3 per expert, which every version reads.
-        names = _llama_names(model.config, "per-expert")
-        architecture = f"{name.replace('-', '')}ForCausalLM"
-    hf_config.architectures = [architecture]
+    """Write ``model`` as a Hugging Face checkpoint folder of ``family`` (a ``model_type`` of
+    aiayn/interop/families.py: "gpt2", "llama", "mistral", "qwen2", "mixtral", "bert",
+    "marian", "bart"), atomically; shards of at most ``max_shard_bytes`` with an index, and
+    the tokenizer as ``tokenizer.json`` when given."""
+    hf_config, names = family_of(family).write(model.config)
+    tensors = _hf_tensors(model, names)
+    stored = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    major = int(_transformers().__version__.split(".")[0])
+    setattr(hf_config, "dtype" if major >= 5 else "torch_dtype", stored)  # renamed in 5.0
+
+    def fill(tmp: Path) -> None:
+        (tmp / "config.json").write_text(hf_config.to_json_string())
+        if tokenizer is not None:
+            tokenizer.tok.save(str(tmp / "tokenizer.json"))
+        _write_shards(tmp, tensors, max_shard_bytes)
+
+    return write_atomically(Path(directory), fill)
+
+
+def _hf_tensors(model: TransformerModel, names: NameMap) -> dict[str, torch.Tensor]:
+    """``model``'s parameters under their HF names, in HF's layout: fused projections split
+    again, slices of one HF tensor stacked (a fused Mixtral's experts; BART's offset position
+    table, whose rows before the offset are zeros)."""
     params = dict(model.named_parameters())
     tensors: dict[str, torch.Tensor] = {}
     for ours, hf_names, transposed in names:
@@ -538,37 +454,33 @@ def save_hf_folder(
             indexed.setdefault(base, {})[int(index or 0)] = part
     for base, parts in indexed.items():
         tensors[base] = torch.stack([parts[i] for i in sorted(parts)]).contiguous()
-    stored = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    major = int(_transformers().__version__.split(".")[0])
-    setattr(hf_config, "dtype" if major >= 5 else "torch_dtype", stored)  # renamed in 5.0
+    return tensors
 
-    def fill(tmp: Path) -> None:
-        (tmp / "config.json").write_text(hf_config.to_json_string())
-        if tokenizer is not None:
-            tokenizer.tok.save(str(tmp / "tokenizer.json"))
-        shards: list[dict[str, torch.Tensor]] = [{}]
-        size = 0
-        for h, t in tensors.items():
-            nbytes = t.numel() * t.element_size()
-            if shards[-1] and size + nbytes > max_shard_bytes:
-                shards.append({})
-                size = 0
-            shards[-1][h] = t
-            size += nbytes
-        if len(shards) == 1:
-            save_file(shards[0], str(tmp / SINGLE), metadata={"format": "pt"})
-            return
-        weight_map = {}
-        for i, shard in enumerate(shards, 1):
-            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(tmp / file), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, file))
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        (tmp / INDEX).write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-        )
 
-    return write_atomically(Path(directory), fill)
+def _write_shards(folder: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> None:
+    """``tensors`` as model.safetensors or, over ``max_shard_bytes``, as numbered shards with
+    the index HF's ``from_pretrained`` reads."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for h, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][h] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / SINGLE), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (folder / INDEX).write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
 
 
 def _split_sizes(model: TransformerModel, ours: str, parts: int) -> list[int]:
@@ -579,7 +491,7 @@ def _split_sizes(model: TransformerModel, ours: str, parts: int) -> list[int]:
     if parts == 1:
         return [rows]
     if ours.endswith(("qkv.weight", "qkv.bias")):
-        q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
+        q, kv = c.attention.n_heads * c.head_dim, c.kv_heads * c.head_dim
         if rows == q + 2 * kv:
             return [q, kv, kv]
     return [rows // parts] * parts

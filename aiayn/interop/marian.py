@@ -30,6 +30,7 @@ and a vocabulary) is :class:`aiayn.data.tokenizer.MarianTokenizer`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.interop.hf import (
     NameMap,
+    Reading,
     _check,
     _transformers,
     copied_from_hf,
@@ -48,6 +50,11 @@ from aiayn.models.encoder_decoder import EncoderDecoder
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu",
                 "gelu_new": "gelu_tanh"}  # fmt: skip
 _ACTIVATIONS_BACK = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
+# What a Marian or BART folder may store besides model.shared: copies of it (tied), skipped.
+SHARED_COPIES = frozenset(
+    {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"}
+)
+POSITION_TABLES = ("src_embed.positions.weight", "tgt_embed.positions.weight")
 
 
 def seq2seq_config(hf_config: Any, family: str, activation: str, **fields: Any) -> ModelConfig:
@@ -62,7 +69,7 @@ def seq2seq_config(hf_config: Any, family: str, activation: str, **fields: Any) 
             f"{family} with different encoder and decoder heads or ffn_dim cannot be"
             " converted: aiayn's stacks share them"
         )
-    return ModelConfig(
+    return ModelConfig.from_dict(dict(
         arch="encoder-decoder", vocab_size=c.vocab_size, n_layers=c.encoder_layers,
         n_decoder_layers=None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
         d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
@@ -71,7 +78,7 @@ def seq2seq_config(hf_config: Any, family: str, activation: str, **fields: Any) 
         attention_dropout=c.attention_dropout, scale_embeddings=bool(c.scale_embedding),
         tie_embeddings=True, pad_id=c.pad_token_id, head_bias=True, init_std=c.init_std,
         **fields,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]) -> dict[str, Any]:
@@ -81,16 +88,16 @@ def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]
     want = f"ModelConfig (for {family})"
     _check(want, c, arch=("encoder-decoder",), positional=("learned",), norm=("layernorm",))
     _check(want, c, norm_position=("post",), activation=tuple(activations), bias=(True,))
-    _check(want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.n_heads,))
-    _check(want, c, head_dim=(c.d_model // c.n_heads,), attention_score=("dot",))
+    _check(want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.attention.n_heads,))
+    _check(want, c, head_dim=(c.d_model // c.attention.n_heads,), attention_score=("dot",))
     _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
     _check(want, c, src_vocab_size=(None, c.vocab_size))
     return dict(
         vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.n_layers,
-        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads,
-        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
-        activation_function=activations[c.activation], dropout=c.dropout,
-        attention_dropout=c.attention_dropout, activation_dropout=0.0,
+        decoder_layers=c.decoder_layers, encoder_attention_heads=c.attention.n_heads,
+        decoder_attention_heads=c.attention.n_heads, encoder_ffn_dim=c.ffn.d_ff,
+        decoder_ffn_dim=c.ffn.d_ff, activation_function=activations[c.ffn.activation],
+        dropout=c.dropout, attention_dropout=c.attention.dropout, activation_dropout=0.0,
         max_position_embeddings=c.max_len, scale_embedding=c.scale_embeddings,
         init_std=c.init_std,
     )  # fmt: skip
@@ -159,6 +166,36 @@ def marian_positions(n_positions: int, dim: int) -> torch.Tensor:
     table[:, :half] = torch.sin(angles[:, 0::2])
     table[:, half:] = torch.cos(angles[:, 1::2])
     return table.float()
+
+
+def read_marian(hf_config: Any, stored: Collection[str]) -> Reading:
+    """A Marian folder's config and name map; its sinusoid tables are often not stored (they
+    are computed: :func:`fill_positions`)."""
+    config = config_from_marian(hf_config)
+    names = [
+        n for n in marian_names(config) if "embed_positions" not in n[1][0] or n[1][0] in stored
+    ]
+    return Reading(config, names, SHARED_COPIES)
+
+
+def fill_positions(model: torch.nn.Module, mapped: Collection[str]) -> set[str]:
+    """Fill the position tables a Marian folder leaves out with Marian's sinusoids; the names
+    of those filled."""
+    params = dict(model.named_parameters())
+    computed = set()
+    for ours in POSITION_TABLES:
+        if ours not in mapped:
+            with torch.no_grad():
+                params[ours].copy_(marian_positions(*params[ours].shape))
+            computed.add(ours)
+    return computed
+
+
+def write_marian(config: ModelConfig) -> tuple[Any, NameMap]:
+    """The ``MarianConfig`` (naming ``MarianMTModel``) and name map of a Marian folder."""
+    hf_config = _marian_config(config, None)
+    hf_config.architectures = ["MarianMTModel"]
+    return hf_config, marian_names(config)
 
 
 def from_hf_marian(hf_model: Any) -> EncoderDecoder:

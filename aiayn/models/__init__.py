@@ -30,14 +30,15 @@ def resolve_config(preset_or_config: str | ModelConfig, **overrides: Any) -> Mod
 def build_model(preset_or_config: str | ModelConfig, **overrides: Any) -> TransformerModel:
     """Build a model from a preset name (see :func:`aiayn.presets`) or a config.
 
-    ``overrides`` are ModelConfig field names, e.g. ``build_model("paper-base", n_layers=2)``.
+    ``overrides`` are ModelConfig settings in any spelling (:meth:`ModelConfig.replace`), e.g.
+    ``build_model("paper-base", n_layers=2)``.
     """
     config = resolve_config(preset_or_config, **overrides)
-    if config.image_size is not None:  # the Vision Transformer (aiayn/models/vision.py)
+    if config.vision.image_size is not None:  # the Vision Transformer (aiayn/models/vision.py)
         from aiayn.models.vision import VisionTransformer
 
         return VisionTransformer(config)
-    if config.rnn is not None:  # the recurrent baselines (aiayn/models/rnn.py)
+    if config.rnn.cell is not None:  # the recurrent baselines (aiayn/models/rnn.py)
         from aiayn.models.rnn import RNNEncoderDecoder
 
         return RNNEncoderDecoder(config)

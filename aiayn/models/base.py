@@ -151,7 +151,7 @@ class TransformerModel(nn.Module):
         ctx = Context(
             mask=None if key_mask is None else key_padding_to_attention(key_mask),  # (B,1,1,S)
             causal=causal,
-            window=self.config.sliding_window if causal else None,
+            window=self.config.attention.sliding_window if causal else None,
             positions=embed.positions.state(positions, key_positions),
             cache=cache,
             record=record,
@@ -175,7 +175,7 @@ class TransformerModel(nn.Module):
             c.kv_heads,
             capacity,
             c.head_dim,
-            window=c.sliding_window,
+            window=c.attention.sliding_window,
             dtype=dtype or p.dtype,
             device=p.device,
             recurrent=[i for i in range(self.cache_layers) if c.mixer_at(i) != "attention"],

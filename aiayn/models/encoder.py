@@ -29,7 +29,7 @@ class MaskedLMHead(nn.Module):
         self.dense = Linear(c.d_model, c.d_model)
         self.norm = build_norm(c.norm, c.d_model, c.norm_eps)
         self.proj = Linear(c.d_model, c.vocab_size, bias=True)
-        self.tanh_gelu = c.activation == "gelu_tanh"
+        self.tanh_gelu = c.ffn.activation == "gelu_tanh"
 
     def transform(self, x: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, C): everything before the projection to the vocabulary."""

@@ -7,7 +7,7 @@
   every encoder state with ``w^T tanh(W s + U h)``, and mixes them into a context vector, so
   that no single state has to carry the whole source.
 
-Both read the source with the same bidirectional GRU or LSTM (``config.rnn``; ``n_layers``
+Both read the source with the same bidirectional GRU or LSTM (``config.rnn.cell``; ``n_layers``
 layers, ``d_model / 2`` units per direction, run over packed sequences so that padding never
 enters a state).  The decoder's initial state is ``tanh(W_b [→h_last; ←h_first])`` of the top
 encoder layer, in every decoder layer (Bahdanau's s_0; an LSTM's cells start at zero).
@@ -106,11 +106,11 @@ class RNNEncoderDecoder(EncoderDecoder):
     def __init__(self, config: ModelConfig) -> None:
         TransformerModel.__init__(self, config)  # not EncoderDecoder's: no Transformer stacks
         c = config
-        if c.rnn is None:
-            raise ValueError("RNNEncoderDecoder needs config.rnn = 'gru' or 'lstm'")
+        if c.rnn.cell is None:
+            raise ValueError("RNNEncoderDecoder needs config.rnn.cell = 'gru' or 'lstm'")
         if c.d_model % 2:
             raise ValueError(f"d_model={c.d_model} must be even: half per encoder direction")
-        cell = nn.GRU if c.rnn == "gru" else nn.LSTM
+        cell = nn.GRU if c.rnn.cell == "gru" else nn.LSTM
         inner = c.dropout if c.n_layers > 1 else 0.0
         self.src_token = nn.Embedding(c.source_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.tgt_token = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
@@ -123,8 +123,8 @@ class RNNEncoderDecoder(EncoderDecoder):
             dropout=inner if c.decoder_layers > 1 else 0.0,
         )  # fmt: skip
         self.bridge = Linear(c.d_model, c.d_model)  # W_b: encoder summary -> s_0
-        self.attention = AdditiveAttention(c.d_model) if c.rnn_attention else None
-        self.combine = Linear(2 * c.d_model, c.d_model) if c.rnn_attention else None  # W_c
+        self.attention = AdditiveAttention(c.d_model) if c.rnn.attention else None
+        self.combine = Linear(2 * c.d_model, c.d_model) if c.rnn.attention else None  # W_c
         self.head = Linear(c.d_model, c.vocab_size, bias=False)
         self.init_weights()
         if c.tie_embeddings:
@@ -167,7 +167,7 @@ class RNNEncoderDecoder(EncoderDecoder):
             [memory[rows, last.to(memory.device), :half], memory[:, 0, half:]], dim=-1
         )  # (B, C)
         h = torch.tanh(self.bridge(summary)).unsqueeze(0).repeat(self.config.decoder_layers, 1, 1)
-        return (h, torch.zeros_like(h)) if self.config.rnn == "lstm" else h
+        return (h, torch.zeros_like(h)) if self.config.rnn.cell == "lstm" else h
 
     def decode(
         self,

@@ -35,22 +35,24 @@ def patchify(images: Tensor, patch: int) -> Tensor:
 class VisionTransformer(TransformerModel):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        c = config
-        if c.image_size is None or c.n_classes is None:
-            raise ValueError("VisionTransformer needs config.image_size and config.n_classes")
-        self.patches = (c.image_size // c.patch_size) ** 2
-        self.patch_embed = Linear(c.channels * c.patch_size**2, c.d_model)
-        self.cls = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pool == "cls" else None
+        c, v = config, config.vision
+        if v.image_size is None or v.n_classes is None:
+            raise ValueError(
+                "VisionTransformer needs config.vision.image_size and config.vision.n_classes"
+            )
+        self.patches = (v.image_size // v.patch_size) ** 2
+        self.patch_embed = Linear(v.channels * v.patch_size**2, c.d_model)
+        self.cls = nn.Parameter(torch.zeros(1, 1, c.d_model)) if v.pool == "cls" else None
         tokens = self.patches + (1 if self.cls is not None else 0)
         self.positions: nn.Parameter | None = None
-        if c.positional == "learned":
+        if c.positions.scheme == "learned":
             self.positions = nn.Parameter(torch.zeros(1, tokens, c.d_model))
-        elif c.positional == "sinusoidal":
+        elif c.positions.scheme == "sinusoidal":
             self.register_buffer(
                 "table", sinusoidal_table(tokens, c.d_model)[None], persistent=False
             )
         self.encoder = Stack(c, c.n_layers, stream="encoder")
-        self.head = Linear(c.d_model, c.n_classes)
+        self.head = Linear(c.d_model, v.n_classes)
         self.init_weights()
         with torch.no_grad():
             if self.cls is not None:
@@ -59,8 +61,8 @@ class VisionTransformer(TransformerModel):
                 nn.init.normal_(self.positions, 0.0, c.init_std)
 
     def _check(self, images: Tensor) -> None:
-        c = self.config
-        want = (c.channels, c.image_size, c.image_size)
+        v = self.config.vision
+        want = (v.channels, v.image_size, v.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != want:
             raise ValueError(
                 f"images must be (B, {want[0]}, {want[1]}, {want[2]}), got {tuple(images.shape)}"
@@ -70,12 +72,12 @@ class VisionTransformer(TransformerModel):
         """(B, C, H, W) -> the (B, d) pooled representation."""
         self._check(images)
         c = self.config
-        x = self.patch_embed(patchify(images, c.patch_size))  # (B, N, d)
+        x = self.patch_embed(patchify(images, c.vision.patch_size))  # (B, N, d)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, d)
         if self.positions is not None:
             x = x + self.positions
-        elif c.positional == "sinusoidal":
+        elif c.positions.scheme == "sinusoidal":
             x = x + self.table
         x = F.dropout(x, c.dropout, self.training)
         x = self.encoder(x, Context(causal=False, record=record))  # (B, T, d)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.nn.attention import masked_softmax
+from aiayn.nn.attention import AttentionCall, masked_softmax
 
 
 def _expand_kv(x: Tensor, heads: int) -> Tensor:
@@ -41,21 +41,15 @@ def additive_scores(q: Tensor, k: Tensor, w: Tensor) -> Tensor:
 
 
 def additive_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    w: Tensor,
-    mask: Tensor | None = None,
-    *,
-    is_causal: bool = False,
-    window: int | None = None,
-    dropout_p: float = 0.0,
+    q: Tensor, k: Tensor, v: Tensor, w: Tensor, call: AttentionCall
 ) -> tuple[Tensor, Tensor]:
     """softmax(additive scores + mask) V: the (B, H, T, D) output and (B, H, T, S) weights.
-    ``mask``, ``is_causal`` and ``window`` mean what they mean in Eq. (1)'s backends."""
-    t, s = q.shape[-2], k.shape[-2]
-    if t == 1 and (window is None or s <= window):  # a decoding step sees every key given
-        is_causal, window = False, None
-    weights = masked_softmax(additive_scores(q, k, w), mask, is_causal=is_causal, window=window)
-    mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    ``call``'s mask, causality, window and dropout mean what they mean in Eq. (1)'s backends;
+    its scale is not used (additive scores have none)."""
+    call = call.for_lengths(q.shape[-2], k.shape[-2])
+    weights = masked_softmax(
+        additive_scores(q, k, w), call.mask, is_causal=call.causal, window=call.window
+    )
+    p = call.dropout_p
+    mixed = F.dropout(weights, p=p) if p > 0 else weights
     return torch.matmul(mixed, _expand_kv(v, q.shape[-3])), weights

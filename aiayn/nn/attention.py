@@ -11,6 +11,9 @@ One entry point, and several backends chosen by name (aiayn/registry.py):
   aiayn/nn/matmul_attention.py with their own backward, which are faster there.
 * ``"flash"`` -- the tiled kernel of aiayn/nn/flash.py (O(n) memory, its own backward).
 
+Every backend has one signature, :class:`Backend`: ``backend(q, k, v, call)``, where the
+:class:`AttentionCall` carries everything besides the tensors attended over -- the mask,
+causality, the sliding window, the scale, the dropout and whether to return the weights.
 They agree to 1e-5 in fp32 (tests/nn/test_attention.py).  :func:`scaled_dot_product_attention`
 is the public entry point: it checks its arguments and names what is wrong.  :func:`attend` is
 the same computation without the checks, for the model's own modules, whose shapes are right
@@ -28,6 +31,7 @@ gets an all-zero output and zero gradients -- never NaN -- in every backend.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -41,19 +45,40 @@ from aiayn.nn.matmul_attention import matmul_attention, max_scores
 ScaleArg = bool | float
 
 
+@dataclass(frozen=True, eq=False, kw_only=True)
+class AttentionCall:
+    """What one evaluation of Eq. (1) attends with, besides the queries, keys and values."""
+
+    scale: float  # multiplies q k^T: 1/sqrt(d_k) in the paper (§3.2.1), 1.0 in the ablation
+    mask: Tensor | None = None  # bool (True = may attend) or additive float, to (..., T, S)
+    causal: bool = False  # bottom-right aligned: query i sits at position S - T + i
+    window: int | None = None  # causal sliding window: a query sees its last `window` keys
+    dropout_p: float = 0.0  # on the attention weights; 0 in evaluation
+    return_weights: bool = False  # also return the (..., T, S) weights (reference backend)
+
+    def for_lengths(self, t: int, s: int) -> AttentionCall:
+        """This call for T queries and S keys.  One query at the newest position (a decoding
+        step) that may see every key given has no causal or window constraint: the call
+        without them, so that no mask is built."""
+        if t != 1 or not (self.causal or self.window is not None):
+            return self
+        if self.window is not None and s > self.window:
+            return self
+        return AttentionCall(
+            scale=self.scale,
+            mask=self.mask,
+            dropout_p=self.dropout_p,
+            return_weights=self.return_weights,
+        )
+
+
 class Backend(Protocol):
+    """An implementation of Eq. (1): (..., T, D) queries and (..., S, D) keys and values (a
+    query head axis may be a multiple of the key one) -> the (..., T, D) output, and the
+    (..., T, S) weights when ``call.return_weights``, else None."""
+
     def __call__(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        *,
-        is_causal: bool,
-        window: int | None,
-        scale: float,
-        dropout_p: float,
-        return_weights: bool,
+        self, q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
     ) -> tuple[Tensor, Tensor | None]: ...
 
 
@@ -86,18 +111,10 @@ def masked_softmax(
 
 
 def reference_backend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    is_causal: bool,
-    window: int | None,
-    scale: float,
-    dropout_p: float,
-    return_weights: bool,
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q K^T · scale + mask) V, written out (Eq. 1)."""
+    mask = call.mask
     groups = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
     if groups > 1:  # GQA: (B, H, T, D) -> (B, H_kv, G, T, D); keys gain a broadcast G axis
         q = q.unflatten(-3, (k.shape[-3], groups))
@@ -108,14 +125,15 @@ def reference_backend(
             elif mask.dim() >= 3:
                 mask = mask.unsqueeze(-3)
             # a (T, S) or (S,) mask broadcasts against (B, H_kv, G, T, S) as it is
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T, S)
-    weights = masked_softmax(scores, mask, is_causal=is_causal, window=window)
-    mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    scores = torch.matmul(q, k.transpose(-2, -1)) * call.scale  # (..., T, S)
+    weights = masked_softmax(scores, mask, is_causal=call.causal, window=call.window)
+    p = call.dropout_p
+    mixed = F.dropout(weights, p=p) if p > 0 else weights
     out = torch.matmul(mixed, v)  # (..., T, D)
     if groups > 1:
         out = out.flatten(-4, -3)  # (B, H, T, D)
         weights = weights.flatten(-4, -3)  # (B, H, T, S)
-    return out, (weights if return_weights else None)
+    return out, (weights if call.return_weights else None)
 
 
 def _matmul_attention_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> bool:
@@ -135,20 +153,13 @@ def _matmul_attention_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) 
 
 
 def sdpa_backend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    is_causal: bool,
-    window: int | None,
-    scale: float,
-    dropout_p: float,
-    return_weights: bool,
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention, with fully masked rows made zero."""
-    if return_weights:
+    if call.return_weights:
         raise ValueError("backend='sdpa' cannot return attention weights; use backend='reference'")
+    mask, window, scale, dropout_p = call.mask, call.window, call.scale, call.dropout_p
+    is_causal = call.causal
     t, s = q.shape[-2], k.shape[-2]
     enable_gqa = q.dim() >= 3 and q.shape[-3] != k.shape[-3]
     if (
@@ -187,8 +198,8 @@ def sdpa_backend(
 
 
 def register_backend(name: str, fn: Backend) -> None:
-    """Add an attention backend under ``name`` (same signature as the built-in ones); models
-    then accept ``attention_backend=name``."""
+    """Add an attention backend under ``name`` (a :class:`Backend`: ``fn(q, k, v, call)``);
+    models then accept ``attention.backend = name``."""
     registry.register("attention_backend", name, fn)
 
 
@@ -207,35 +218,10 @@ def attention_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
 
 
 def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    *,
-    is_causal: bool = False,
-    window: int | None = None,
-    scale: float,
-    dropout_p: float = 0.0,
-    return_weights: bool = False,
-    backend_name: str = "sdpa",
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall, backend_name: str = "sdpa"
 ) -> tuple[Tensor, Tensor | None]:
     """Eq. (1) by the named backend, without argument checks (see the module docstring)."""
-    t, s = q.shape[-2], k.shape[-2]
-    if t == 1 and (window is None or s <= window):
-        # One query at the newest position (a decoding step) may see every key given: the
-        # causal/window constraint is empty, so no mask is built.
-        is_causal, window = False, None
-    return backend(backend_name)(
-        q,
-        k,
-        v,
-        mask,
-        is_causal=is_causal,
-        window=window,
-        scale=scale,
-        dropout_p=dropout_p,
-        return_weights=return_weights,
-    )
+    return backend(backend_name)(q, k, v, call.for_lengths(q.shape[-2], k.shape[-2]))
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
@@ -328,18 +314,15 @@ def scaled_dot_product_attention(
         scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale else 1.0
     else:
         scale_value = float(scale)
-    out, weights = attend(
-        q,
-        k,
-        v,
-        mask,
-        is_causal=is_causal,
-        window=window,
+    call = AttentionCall(
         scale=scale_value,
+        mask=mask,
+        causal=is_causal,
+        window=window,
         dropout_p=dropout_p,
         return_weights=return_weights,
-        backend_name=backend,
     )
+    out, weights = attend(q, k, v, call, backend)
     if return_weights:
         assert weights is not None
         return out, weights

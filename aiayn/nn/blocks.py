@@ -9,7 +9,8 @@ Placement of the norm:
   final norm after the last block -- the residual stream stays an identity path, which makes
   deep stacks train without warm-up tricks.
 
-The three model families differ only in the context they pass in (aiayn/nn/context.py) and\nin ``cross``.
+The three model families differ only in the context they pass in (aiayn/nn/context.py) and
+in ``cross``.
 
 Shapes: B batch, T positions, S memory positions, C = d_model.
 """
@@ -24,7 +25,7 @@ from aiayn.nn.context import Context
 from aiayn.nn.feedforward import build_feedforward
 from aiayn.nn.linear_attention import LinearSelfAttention
 from aiayn.nn.moe import MixtureOfExperts
-from aiayn.nn.multihead import MultiHeadAttention
+from aiayn.nn.multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from aiayn.nn.norms import build_norm
 from aiayn.nn.ssm import SelectiveSSM
 
@@ -45,34 +46,33 @@ class Block(nn.Module):
         self.residual = c.residual  # False: the ablation without residual connections
 
         def attention(is_cross: bool) -> MultiHeadAttention:
-            kind = (
-                LinearSelfAttention
-                if c.mixer_at(layer) == "linear" and not is_cross
-                else MultiHeadAttention
-            )
+            kind: type[MultiHeadAttention] = SelfAttention
+            if is_cross:
+                kind = CrossAttention
+            elif c.mixer_at(layer) == "linear":
+                kind = LinearSelfAttention
             return kind(
                 c.d_model,
-                c.n_heads,
+                c.attention.n_heads,
                 c.kv_heads,
                 d_head=c.head_dim,
-                cross=is_cross,
                 bias=c.bias,
-                qkv_bias=c.qkv_bias,
-                attention_dropout=c.attention_dropout,
-                backend=c.attention_backend,
-                score=c.attention_score,
-                scaled=c.attention_scale,
-                stream=stream,
+                qkv_bias=c.attention.qkv_bias,
+                attention_dropout=c.attention.dropout,
+                backend=c.attention.backend,
+                score=c.attention.score,
+                scaled=c.attention.scale,
+                stream="cross" if is_cross else stream,
                 layer=layer,
             )
 
         self.self_attn: nn.Module = (
             SelectiveSSM(
                 c.d_model,
-                state_size=c.ssm_state,
-                expand=c.ssm_expand,
-                conv=c.ssm_conv,
-                head_dim=c.ssm_head_dim,
+                state_size=c.mixer.ssm_state,
+                expand=c.mixer.ssm_expand,
+                conv=c.mixer.ssm_conv,
+                head_dim=c.mixer.ssm_head_dim,
                 bias=c.bias,
                 eps=c.norm_eps,
                 layer=layer,
@@ -84,17 +84,18 @@ class Block(nn.Module):
         self.cross_attn = attention(True) if cross else None
         self.norm_cross = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if cross else None
         self.ffn: nn.Module
-        if c.n_experts is None:
-            self.ffn = build_feedforward(c.d_model, c.d_ff, c.activation, c.bias)
+        f = c.ffn
+        if f.n_experts is None:
+            self.ffn = build_feedforward(c.d_model, f.d_ff, f.activation, c.bias)
         else:  # mixture of experts in place of the feed-forward sublayer
             self.ffn = MixtureOfExperts(
                 c.d_model,
-                c.d_ff,
-                n_experts=c.n_experts,
-                top_k=c.experts_top_k,
-                activation=c.activation,
+                f.d_ff,
+                n_experts=f.n_experts,
+                top_k=f.top_k,
+                activation=f.activation,
                 bias=c.bias,
-                capacity_factor=c.expert_capacity_factor,
+                capacity_factor=f.capacity_factor,
             )
         self.norm2 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
         self.dropout = c.dropout  # on each sublayer's output, before the residual add (§5.4)

@@ -47,11 +47,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
+
+if TYPE_CHECKING:
+    from aiayn.nn.attention import AttentionCall
 
 # Rows per query tile (query positions × the G query heads of a group) and keys per key tile.
 # Large enough that each tile's matmuls amortise Python's per-op overhead on CPU, small enough
@@ -367,25 +370,18 @@ def flash_attention(
 
 
 def flash_backend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    is_causal: bool,
-    window: int | None,
-    scale: float,
-    dropout_p: float,
-    return_weights: bool,
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor, Tensor | None]:
     """The ``"flash"`` backend of :func:`aiayn.nn.attention.scaled_dot_product_attention`."""
-    if dropout_p != 0:
+    if call.dropout_p != 0:
         raise ValueError(
             "backend='flash' does not support attention dropout; use 'sdpa' or 'reference'"
         )
-    if return_weights:
+    if call.return_weights:
         raise ValueError(
             "backend='flash' never materialises attention weights; use backend='reference'"
         )
-    out = flash_attention(q, k, v, mask, is_causal=is_causal, window=window, scale=scale)
+    out = flash_attention(
+        q, k, v, call.mask, is_causal=call.causal, window=call.window, scale=call.scale
+    )
     return out, None

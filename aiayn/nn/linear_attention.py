@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.nn.context import Context
-from aiayn.nn.multihead import MultiHeadAttention
+from aiayn.nn.multihead import SelfAttention
 
 CHUNK = 64
 EPS = 1e-6  # keeps the normaliser away from 0 in fp16/bf16 (it is a sum of positives)
@@ -104,14 +104,14 @@ def linear_attention_reference(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (scores @ v) / (scores.sum(-1, keepdim=True) + EPS)
 
 
-class LinearSelfAttention(MultiHeadAttention):
+class LinearSelfAttention(SelfAttention):
     """Multi-head causal self-attention with the linear kernel in place of the softmax: the
-    same projections (W^Q, W^K, W^V fused, W^O) and heads as :class:`MultiHeadAttention`, so
+    same projections (W^Q, W^K, W^V fused, W^O) and heads as :class:`SelfAttention`, so
     parameter counts match; positions that act on q and k (RoPE) apply as usual.  With a
     cache, the layer keeps a :class:`LinearState` instead of keys and values."""
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
-        if self.cross or not ctx.causal:
+        if not ctx.causal:
             raise ValueError("linear attention is causal self-attention (decoder-only models)")
         q, k, v = self.self_qkv(x, ctx)
         keep = ctx.new_token_keep(x.shape[1])  # (B, T) or None

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from aiayn.serve.engine import EngineStopped, QueueFull
 
 
 class APIError(Exception):
@@ -17,3 +22,33 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     return JSONResponse(
         {"error": {"message": message, "type": kind, "code": status}}, status_code=status
     )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape, with the status that says what went wrong: a handler's
+    :class:`APIError`, a 400 for a body that fails validation, a 429 for a full queue, a 503
+    for an engine that has stopped."""
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, err: APIError) -> JSONResponse:
+        return error_response(err.status, err.message, err.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+            for e in err.errors()
+        ]
+        return error_response(400, "; ".join(problems))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        return error_response(err.status_code, str(err.detail))
+
+    @app.exception_handler(QueueFull)
+    async def busy(_: Request, err: QueueFull) -> JSONResponse:
+        return error_response(429, f"the server is busy: {err}", "rate_limit_error")
+
+    @app.exception_handler(EngineStopped)
+    async def stopped(_: Request, err: EngineStopped) -> JSONResponse:
+        return error_response(503, str(err), "server_error")

@@ -35,16 +35,16 @@ from aiayn.nn.cache import Cache, KVCache, LayerCache
 def check_servable(model: DecoderLM) -> None:
     """The pool serves decoder-only models whose every layer keeps keys and values in full."""
     c = model.config
-    if c.sliding_window is not None:
+    if c.attention.sliding_window is not None:
         raise ValueError(
-            f"sliding_window={c.sliding_window}: the serving pool keeps full rows; serve a"
-            " model without a window, or use `aiayn generate`"
+            f"attention.sliding_window={c.attention.sliding_window}: the serving pool keeps"
+            " full rows; serve a model without a window, or use `aiayn generate`"
         )
     recurrent = [i for i in range(c.n_layers) if c.mixer_at(i) != "attention"]
     if recurrent:
         raise ValueError(
-            f"mixer={c.mixer!r}: layers {recurrent} keep a recurrent state, which the serving"
-            " pool does not hold yet; use `aiayn generate`"
+            f"mixer.kind={c.mixer.kind!r}: layers {recurrent} keep a recurrent state, which"
+            " the serving pool does not hold yet; use `aiayn generate`"
         )
 
 

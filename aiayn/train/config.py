@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from aiayn.config import ModelConfig, check_field_types
+from aiayn.config import ModelConfig, check_field_types, dotted_settings
 from aiayn.models import resolve_config
 
 
@@ -185,32 +185,23 @@ class RunConfig:
 
 
 # What a fine-tuning run may set differently from the checkpoint it starts from.
-TUNABLE = ("dropout", "attention_backend")
+TUNABLE = ("dropout", "attention.backend")
 
 
 def _initial_model(init_from: str, settings: dict[str, Any], where: Path) -> ModelConfig:
     """The model of the folder ``init_from`` names (its architecture is read from it): a
     ``[model]`` setting that contradicts it is an error naming each one, except
     :data:`TUNABLE` ones, which the run may change."""
-    from aiayn.checkpoint.model import read_config
-    from aiayn.interop.hf_folder import is_hf_folder, read_hf_config
+    from aiayn.checkpoint.loader import read_model_config
 
     folder = Path(init_from)
     if not folder.is_dir():
         raise ValueError(f"[model] init_from = {init_from!r} in {where}: no such folder")
-    base = read_hf_config(folder) if is_hf_folder(folder) else read_config(folder)
-    if "preset" in settings:
-        raise ValueError(
-            f"[model] in {where} names both preset and init_from: the architecture comes from"
-            f" {init_from}; leave preset out"
-        )
-    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(ModelConfig)})
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in [model] of {where}")
+    base = read_model_config(folder)
     contradict = [
-        f"{key} = {value!r} ({init_from} has {getattr(base, key)!r})"
+        f"{key} = {value!r} ({init_from} has {base.value(key)!r})"
         for key, value in settings.items()
-        if key not in TUNABLE and value != getattr(base, key)
+        if key not in TUNABLE and value != base.value(key)
     ]
     if contradict:
         raise ValueError(
@@ -218,6 +209,27 @@ def _initial_model(init_from: str, settings: dict[str, Any], where: Path) -> Mod
             f" Leave these out (only {', '.join(TUNABLE)} may change when fine-tuning)"
         )
     return base.replace(**{k: v for k, v in settings.items() if k in TUNABLE})
+
+
+def _model_settings(
+    table: object, overrides: dict[str, Any], where: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """([model]'s preset and init_from, its model settings by their dotted names), the
+    ``model.*`` overrides applied over the table.  A setting may be written as a field
+    (``d_model``), a sub-config's table (``[model.attention]``), dotted
+    (``attention.n_heads``) or by its flat name of older configs (``n_heads``)."""
+    if not isinstance(table, dict):
+        raise ValueError(f"[model] must be a table of settings, got {table!r}")
+    special: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    for source in (table, overrides):
+        source = dict(source)
+        special |= {key: source.pop(key) for key in ("preset", "init_from") if key in source}
+        try:
+            settings |= dotted_settings(source)
+        except ValueError as err:
+            raise ValueError(f"[model] in {where}: {err}") from None
+    return special, settings
 
 
 def _build(cls: type, table: dict[str, Any], where: str) -> Any:
@@ -244,21 +256,28 @@ def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -
     unknown = sorted(set(raw) - {"model", "data", "train"})
     if unknown:
         raise ValueError(f"unknown table(s) {unknown} in {p}; expected [model], [data], [train]")
+    model_overrides: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
         table, _, name = key.partition(".")
         if table not in ("model", "data", "train") or not name:
             raise ValueError(f"override {key!r} must look like model.NAME, data.NAME or train.NAME")
-        raw.setdefault(table, {})[name] = value
-    if not isinstance(raw.get("model", {}), dict):
-        raise ValueError(f"[model] must be a table of settings, got {raw['model']!r}")
-    model_table = dict(raw.get("model", {}))
-    init_from = model_table.pop("init_from", None)
+        if table == "model":  # model.attention.n_heads as well as model.n_heads
+            model_overrides[name] = value
+        else:
+            raw.setdefault(table, {})[name] = value
+    special, model_table = _model_settings(raw.get("model", {}), model_overrides, p)
+    init_from = special.get("init_from")
     if init_from is not None and not isinstance(init_from, str):
         raise ValueError(f"[model] init_from = {init_from!r} in {p}: expected a folder's path")
+    if init_from is not None and "preset" in special:
+        raise ValueError(
+            f"[model] in {p} names both preset and init_from: the architecture comes from"
+            f" {init_from}; leave preset out"
+        )
     if init_from is not None:
         model = _initial_model(init_from, model_table, p)
     else:
-        preset = model_table.pop("preset", None)
+        preset = special.get("preset")
         model = resolve_config(preset if preset is not None else ModelConfig(), **model_table)
     return RunConfig(
         model,

@@ -84,7 +84,7 @@ def initial_model(run: RunConfig, block_size: int) -> tuple[TransformerModel, To
     """The model and tokenizer a fine-tuning run starts from (``run.init_from``, an HF folder
     or an aiayn checkpoint; nanoGPT's ``init_from``): its weights in fp32 in a model built from
     ``run.model`` (the folder's architecture, with the run's dropout), and its own tokenizer."""
-    from aiayn.interop.hf_folder import load_checkpoint
+    from aiayn.checkpoint import load
 
     assert run.init_from is not None
     if block_size > run.model.max_len:
@@ -92,7 +92,7 @@ def initial_model(run: RunConfig, block_size: int) -> tuple[TransformerModel, To
             f"train.block_size={block_size}: {run.init_from} has positions for at most"
             f" {run.model.max_len} tokens"
         )
-    bundle = load_checkpoint(run.init_from)
+    bundle = load(run.init_from)
     model = build_model(run.model)
     model.load_state_dict(bundle.model.state_dict())  # cast to the new model's fp32
     return model, bundle.tokenizer

@@ -2,9 +2,9 @@
 
 A :class:`~aiayn.train.task.Task` supplies batches, the loss of a batch, a validation loss and
 its data position.  The loop puts the pieces together: :func:`open_run` checks and repairs the
-run folder and loads what a resumed run continues from; :func:`fit` runs the steps
-(aiayn/train/step.py), logs them (aiayn/train/logger.py), and writes checkpoints and
-snapshots when aiayn/train/policy.py says so, into the run folder of
+run folder and loads what a resumed run continues from; a :class:`Trainer` (built and run
+by :func:`fit`) runs the steps (aiayn/train/step.py), logs them (aiayn/train/logger.py), and
+writes checkpoints and snapshots when aiayn/train/policy.py says so, into the run folder of
 aiayn/checkpoint/run_dir.py.  A run killed at any instant and resumed continues with the same
 batches, dropout masks and learning rates as one that never stopped, and ends with the same
 weights, bit for bit (tests/train/test_faults.py).
@@ -53,9 +53,14 @@ from aiayn.train.parallel import (
     saveable_model,
     wrap,
 )
-from aiayn.train.policy import CheckpointPolicy, TrainingInterrupted, stop_on_signals
+from aiayn.train.policy import (
+    CheckpointPolicy,
+    StopRequest,
+    TrainingInterrupted,
+    stop_on_signals,
+)
 from aiayn.train.schedule import lr_schedule
-from aiayn.train.step import TrainStep
+from aiayn.train.step import StepOutcome, TrainStep
 from aiayn.train.task import Task
 
 MAX_SKIPPED_IN_A_ROW = 10  # with on_nonfinite = "skip": this many in a row means divergence
@@ -139,27 +144,6 @@ def _last_val(history: list[dict[str, float]]) -> float:
     return next((h["val_loss"] for h in reversed(history) if "val_loss" in h), math.nan)
 
 
-def _restore(
-    state: TrainState, model: TransformerModel, optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None, task: Task, rd: RunDir, device: torch.device,
-) -> None:  # fmt: skip
-    """Put back what a checkpoint saved beside the weights: the optimizer's moments, the random
-    generators (dropout), the loss scaler and the task's data position -- so that a resumed run
-    continues bit for bit."""
-    if state.sharded:
-        folder = rd.latest()
-        assert folder is not None  # the folder ``state`` was read from
-        load_sharded(folder, model, optimizer)
-    else:
-        load_optimizer_state(model, optimizer, state.optimizer)
-    torch.set_rng_state(state.torch_rng)
-    if device.type == "cuda" and state.cuda_rng:
-        torch.cuda.set_rng_state_all(state.cuda_rng)
-    if scaler is not None and state.scaler:
-        scaler.load_state_dict(state.scaler)
-    task.load_data_state(state.data)
-
-
 def _linear_kernel(
     tc: TrainConfig, state: TrainState | None, rows: int | None, d: int, cpu_fp32: bool,
     logger: RunLogger,
@@ -176,46 +160,232 @@ def _linear_kernel(
     return kernels
 
 
-def _save(
-    rd: RunDir, model: TransformerModel, optimizer: torch.optim.Optimizer, tokenizer: Tokenizer,
-    run_dict: dict[str, Any], train_state: Callable[[dict[str, Any]], TrainState], *,
-    sharded: bool, rank: int,
-) -> None:  # fmt: skip
-    """Write a checkpoint: every rank its own shard, or rank 0 the gathered model."""
-    if sharded:  # every rank writes its own shard of the model and the optimizer
-        rd.save_sharded_checkpoint(model, optimizer, tokenizer, run_dict, train_state({}))
-        return
-    # Gathering a sharded model or optimizer is collective: every rank takes part.
-    saved, moments = saveable_model(model), optimizer_state(model, optimizer)
-    if rank == 0:
-        rd.save_checkpoint(saved, tokenizer, run_dict, train_state(moments))
+class Trainer:
+    """One invocation of the training loop: the run's parts (model, task, optimizer, loss
+    scaler, step, checkpoint policy, logger, run folder) and how far it has got.
 
+    Building it puts the model on its device and wraps it, makes its optimizer, puts back a
+    resumed run's state, opens the log and chooses the kernels, in that order; :meth:`run`
+    trains from ``start`` to ``end``."""
 
-def _skip_or_stop(
-    loss: float, done: int, skipped: list[int], on_nonfinite: str, rd: RunDir, logger: RunLogger
-) -> None:
-    """A step whose loss or gradient was not finite: note the skipped update, or stop the run
-    (``train.on_nonfinite = "stop"``, or too many skipped in a row) naming the step."""
-    skipped.append(done)
-    what = f"the loss or gradient became {loss} at step {done}"
-    in_a_row = list(range(done - MAX_SKIPPED_IN_A_ROW + 1, done + 1))
-    if on_nonfinite == "stop" or skipped[-MAX_SKIPPED_IN_A_ROW:] == in_a_row:
-        raise NonFiniteLoss(
-            f"{what}; training stopped, the last good checkpoint is"
-            f" {rd.latest() or 'not written yet'} (lower the learning rate,"
-            " or set train.on_nonfinite = 'skip')"
+    def __init__(
+        self,
+        model: TransformerModel,
+        task: Task,
+        run: RunConfig,
+        rd: RunDir,
+        *,
+        tokenizer: Tokenizer,
+        state: TrainState | None = None,
+        stop_after: int | None = None,
+        progress: bool = True,
+    ) -> None:
+        tc = self.tc = run.train
+        self.model, self.task, self.rd, self.tokenizer = model, task, rd, tokenizer
+        self.rank, self.world = world_info()
+        self.start, self.history = (0, []) if state is None else (state.step, state.history)
+        self.device = local_device(resolve_device(tc.device), self.world)
+        dtype = resolve_dtype(tc.dtype, self.device)
+        model.to(self.device)
+        wrapped = wrap(model, tc.parallel, self.device, self.world)
+        self.optimizer = build_adamw(
+            model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2),
+            eps=tc.adam_eps,
+        )  # fmt: skip
+        self.scaler = torch.amp.GradScaler(self.device.type) if dtype == torch.float16 else None
+        if state is not None:
+            self.restore(state)
+        model.train()
+        if tc.compile:
+            wrapped = torch.compile(wrapped)  # type: ignore[assignment]
+        self.step_fn = self._make_step(wrapped, dtype)
+        self.policy = CheckpointPolicy(tc)
+        self.run_dict = run.to_dict() | {"model": model.config.to_dict()}
+        self.end = tc.max_steps if stop_after is None else min(tc.max_steps, stop_after)
+        self.logger = RunLogger(
+            rd.log, start=self.start, end=self.end, total=tc.max_steps,
+            enabled=self.rank == 0, progress=progress,
+        )  # fmt: skip
+        if dtype != torch.float32 or self.device.type != "cpu":
+            self.logger.note(
+                f"training on {self.device} in {str(dtype).removeprefix('torch.')} autocast"
+            )
+        self.kernels, self.kernel = self._choose_kernels(state, dtype)
+        self.sharded = tc.checkpoint_format == "sharded" or (
+            tc.checkpoint_format == "auto" and is_sharded(model)
         )
-    logger.note(f"{what}: the update was skipped")
+        # How far this invocation has got.
+        self.done, self.tokens_seen, self.val = self.start, 0, _last_val(self.history)
+        self.skipped: list[int] = []
+        self.t0 = 0.0  # when run() starts
 
+    def restore(self, state: TrainState) -> None:
+        """Put back what a checkpoint saved beside the weights: the optimizer's moments, the
+        random generators (dropout), the loss scaler and the task's data position -- so that a
+        resumed run continues bit for bit."""
+        if state.sharded:
+            folder = self.rd.latest()
+            assert folder is not None  # the folder ``state`` was read from
+            load_sharded(folder, self.model, self.optimizer)
+        else:
+            load_optimizer_state(self.model, self.optimizer, state.optimizer)
+        torch.set_rng_state(state.torch_rng)
+        if self.device.type == "cuda" and state.cuda_rng:
+            torch.cuda.set_rng_state_all(state.cuda_rng)
+        if self.scaler is not None and state.scaler:
+            self.scaler.load_state_dict(state.scaler)
+        self.task.load_data_state(state.data)
 
-def _stop_flags(out_of_time: bool, stopping: bool, world: int) -> tuple[bool, bool]:
-    """Whether to stop (time spent; a signal): with several processes, every rank stops at the
-    same step if any one must."""
-    if world > 1:
-        flags = torch.tensor([float(out_of_time), float(stopping)])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        out_of_time, stopping = bool(flags[0]), bool(flags[1])
-    return out_of_time, stopping
+    def _make_step(self, wrapped: torch.nn.Module, dtype: torch.dtype) -> TrainStep:
+        tc = self.tc
+        return TrainStep(
+            self.model,
+            wrapped,
+            self.optimizer,
+            lr_schedule(tc, self.model.config.d_model),
+            self.task,
+            tc,
+            rank=self.rank,
+            world=self.world,
+            autocast=torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32),
+            device=self.device,
+            scaler=self.scaler,
+        )
+
+    def _choose_kernels(
+        self, state: TrainState | None, dtype: torch.dtype
+    ) -> tuple[dict[str, str], str]:
+        """The run's kernel choices (saved with it) and the linear kernel this invocation trains
+        on: oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused."""
+        cpu_fp32 = self.device.type == "cpu" and dtype == torch.float32
+        rows, d = self.task.linear_rows, self.model.config.d_model
+        kernels = _linear_kernel(self.tc, state, rows, d, cpu_fp32, self.logger)
+        return kernels, kernels["linear"] if cpu_fp32 else "mkl"
+
+    def run(self) -> FitResult:
+        """Train from ``start`` to ``end`` (or until ``train.max_minutes`` or a signal).
+
+        The order of a step's work below -- the update, the stop flags, evaluation, the log
+        row, the checkpoint, the snapshot, then stopping -- is the crash-safety contract of a
+        run (tests/train/test_faults.py), kept in one place."""
+        end, policy = self.end, self.policy
+        self.t0 = time.perf_counter()
+        try:
+            with stop_on_signals() as stop, cpu_kernels.for_training(self.model, self.kernel):
+                for step in range(self.start, end):
+                    outcome = self.step_fn(step)
+                    self.done = done = step + 1
+                    if not outcome.finite:
+                        self._skip_or_stop(outcome.loss)
+                    self.tokens_seen += outcome.tokens
+                    elapsed = time.perf_counter() - self.t0
+                    out_of_time, stopping = self._stop_flags(elapsed, stop)
+                    last = done == end or out_of_time
+                    evaluate = not stopping and (policy.evaluation_due(done, end) or last)
+                    self._record(outcome, evaluate, elapsed)
+                    if policy.checkpoint_due(done, end) or last or stopping:
+                        self.checkpoint()
+                    if policy.snapshot_due(done):
+                        self.snapshot()
+                    if stopping:
+                        raise TrainingInterrupted(done, stop.name or "stop", str(self.rd.pointer))
+                    if out_of_time:
+                        self.logger.note(
+                            f"max_minutes={self.tc.max_minutes} spent: stopped at step {done}"
+                        )
+                        break
+        finally:
+            self.logger.close()
+        return self._result()
+
+    def _skip_or_stop(self, loss: float) -> None:
+        """A step whose loss or gradient was not finite: note the skipped update, or stop the
+        run (``train.on_nonfinite = "stop"``, or too many skipped in a row) naming the step."""
+        done, skipped = self.done, self.skipped
+        skipped.append(done)
+        what = f"the loss or gradient became {loss} at step {done}"
+        in_a_row = list(range(done - MAX_SKIPPED_IN_A_ROW + 1, done + 1))
+        if self.tc.on_nonfinite == "stop" or skipped[-MAX_SKIPPED_IN_A_ROW:] == in_a_row:
+            raise NonFiniteLoss(
+                f"{what}; training stopped, the last good checkpoint is"
+                f" {self.rd.latest() or 'not written yet'} (lower the learning rate,"
+                " or set train.on_nonfinite = 'skip')"
+            )
+        self.logger.note(f"{what}: the update was skipped")
+
+    def _stop_flags(self, elapsed: float, stop: StopRequest) -> tuple[bool, bool]:
+        """Whether to stop (time spent; a signal): with several processes, every rank stops at
+        the same step if any one must."""
+        max_minutes = self.tc.max_minutes
+        out_of_time = max_minutes is not None and elapsed > 60 * max_minutes
+        stopping = stop.signum is not None
+        if self.world > 1:
+            flags = torch.tensor([float(out_of_time), float(stopping)])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            out_of_time, stopping = bool(flags[0]), bool(flags[1])
+        return out_of_time, stopping
+
+    def evaluate(self) -> float:
+        """The validation loss of the model as it is now."""
+        self.val = self.task.evaluate(self.model)
+        return self.val
+
+    def _record(self, outcome: StepOutcome, evaluate: bool, elapsed: float) -> None:
+        """The step's row in the history and the log (with the validation loss when due)."""
+        record: dict[str, float] = {"step": self.done, "loss": outcome.loss, "lr": outcome.lr}
+        if evaluate:
+            val = self.evaluate()
+            record["val_loss"] = val
+            record["val_ppl"] = math.exp(min(val, 50.0))  # perplexity
+        self.history.append(record)
+        self.logger.row(
+            self.done, outcome.loss, outcome.lr, record.get("val_loss"), self.tokens_seen / elapsed
+        )
+
+    def _train_state(self, moments: dict[str, Any]) -> TrainState:
+        scaler, cuda = self.scaler, self.device.type == "cuda"
+        return TrainState(
+            self.done, moments, torch.get_rng_state(), self.task.data_state(), self.history,
+            scaler={} if scaler is None else scaler.state_dict(),
+            cuda_rng=torch.cuda.get_rng_state_all() if cuda else [],
+            kernels=self.kernels, sharded=self.sharded,
+        )  # fmt: skip
+
+    def checkpoint(self) -> None:
+        """Write the checkpoint of step ``done``: every rank its own shard, or rank 0 the
+        gathered model."""
+        model, optimizer = self.model, self.optimizer
+        if self.sharded:  # every rank writes its own shard of the model and the optimizer
+            self.rd.save_sharded_checkpoint(
+                model, optimizer, self.tokenizer, self.run_dict, self._train_state({})
+            )
+            return
+        # Gathering a sharded model or optimizer is collective: every rank takes part.
+        saved, moments = saveable_model(model), optimizer_state(model, optimizer)
+        if self.rank == 0:
+            self.rd.save_checkpoint(
+                saved, self.tokenizer, self.run_dict, self._train_state(moments)
+            )
+
+    def snapshot(self) -> None:
+        """Write the weights of step ``done`` for averaging (gathering them is collective)."""
+        snapshot = saveable_model(self.model)
+        if self.rank == 0:
+            self.rd.save_snapshot(self.done, snapshot, self.tokenizer, self.run_dict)
+
+    def _result(self) -> FitResult:
+        seconds = time.perf_counter() - self.t0
+        return FitResult(
+            self.done,
+            self.tc.max_steps,
+            self.val,
+            self.history,
+            self.rd.pointer,
+            seconds,
+            self.tokens_seen / seconds if seconds else 0.0,
+            peak_rss_mib(),
+            skipped_steps=self.skipped,
+        )
 
 
 def fit(
@@ -230,132 +400,25 @@ def fit(
     progress: bool = True,
 ) -> FitResult:
     """Train ``model`` from ``state`` (or from scratch) to ``run.train.max_steps``, or to step
-    ``stop_after`` (a planned interruption, for tests and benchmarks).
-
-    Longer than most functions here on purpose: the order of a step's work -- the update,
-    the stop flags, evaluation, the log row, the checkpoint, the snapshot, then stopping --
-    is the crash-safety contract of a run (tests/train/test_faults.py), kept in one place."""
-    tc = run.train
-    rank, world = world_info()
+    ``stop_after`` (a planned interruption, for tests and benchmarks): a :class:`Trainer`'s
+    run, or at once the result of a resumed run that had already reached ``max_steps``."""
     start, history = (0, []) if state is None else (state.step, state.history)
-    if start >= tc.max_steps:
+    if start >= run.train.max_steps:
         return FitResult(
-            start, tc.max_steps, _last_val(history), history, rd.pointer, 0.0, 0.0,
+            start, run.train.max_steps, _last_val(history), history, rd.pointer, 0.0, 0.0,
             peak_rss_mib(), already_complete=True,
         )  # fmt: skip
-    device = local_device(resolve_device(tc.device), world)
-    dtype = resolve_dtype(tc.dtype, device)
-    model.to(device)
-    wrapped = wrap(model, tc.parallel, device, world)
-    optimizer = build_adamw(
-        model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps
-    )
-    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-    if state is not None:
-        _restore(state, model, optimizer, scaler, task, rd, device)
-    model.train()
-    if tc.compile:
-        wrapped = torch.compile(wrapped)  # type: ignore[assignment]
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    step_fn = TrainStep(
-        model,
-        wrapped,
-        optimizer,
-        lr_schedule(tc, model.config.d_model),
-        task,
-        tc,
-        rank=rank,
-        world=world,
-        autocast=autocast,
-        device=device,
-        scaler=scaler,
-    )
-    policy = CheckpointPolicy(tc)
-    run_dict = run.to_dict() | {"model": model.config.to_dict()}
-    end = tc.max_steps if stop_after is None else min(tc.max_steps, stop_after)
-    logger = RunLogger(
-        rd.log, start=start, end=end, total=tc.max_steps, enabled=rank == 0, progress=progress
-    )
-    if dtype != torch.float32 or device.type != "cpu":
-        logger.note(f"training on {device} in {str(dtype).removeprefix('torch.')} autocast")
-    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
-    kernels = _linear_kernel(tc, state, task.linear_rows, model.config.d_model, cpu_fp32, logger)
-    # oneDNN's unpacked path is for fp32 on CPUs; elsewhere the choice is kept but unused.
-    kernel = kernels["linear"] if cpu_fp32 else "mkl"
-
-    sharded = tc.checkpoint_format == "sharded" or (
-        tc.checkpoint_format == "auto" and is_sharded(model)
-    )
-
-    def checkpoint(done: int) -> None:
-        def train_state(moments: dict[str, Any]) -> TrainState:
-            return TrainState(
-                done, moments, torch.get_rng_state(), task.data_state(), history,
-                scaler={} if scaler is None else scaler.state_dict(),
-                cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
-                kernels=kernels, sharded=sharded,
-            )  # fmt: skip
-
-        _save(rd, model, optimizer, tokenizer, run_dict, train_state, sharded=sharded, rank=rank)
-
-    t0, tokens_seen, val = time.perf_counter(), 0, _last_val(history)
-    skipped: list[int] = []
-    done = start
-    try:
-        with stop_on_signals() as stop, cpu_kernels.for_training(model, kernel):
-            for step in range(start, end):
-                outcome = step_fn(step)
-                done = step + 1
-                if not outcome.finite:
-                    _skip_or_stop(outcome.loss, done, skipped, tc.on_nonfinite, rd, logger)
-                tokens_seen += outcome.tokens
-                elapsed = time.perf_counter() - t0
-                out_of_time, stopping = _stop_flags(
-                    tc.max_minutes is not None and elapsed > 60 * tc.max_minutes,
-                    stop.signum is not None,
-                    world,
-                )
-                last = done == end or out_of_time
-                record: dict[str, float] = {"step": done, "loss": outcome.loss, "lr": outcome.lr}
-                if not stopping and (policy.evaluation_due(done, end) or last):
-                    val = task.evaluate(model)
-                    record["val_loss"] = val
-                    record["val_ppl"] = math.exp(min(val, 50.0))  # perplexity
-                history.append(record)
-                logger.row(
-                    done, outcome.loss, outcome.lr, record.get("val_loss"), tokens_seen / elapsed
-                )
-                if policy.checkpoint_due(done, end) or last or stopping:
-                    checkpoint(done)
-                if policy.snapshot_due(done):
-                    snapshot = saveable_model(model)
-                    if rank == 0:
-                        rd.save_snapshot(done, snapshot, tokenizer, run_dict)
-                if stopping:
-                    raise TrainingInterrupted(done, stop.name or "stop", str(rd.pointer))
-                if out_of_time:
-                    logger.note(f"max_minutes={tc.max_minutes} spent: stopped at step {done}")
-                    break
-    finally:
-        logger.close()
-    seconds = time.perf_counter() - t0
-    return FitResult(
-        done,
-        tc.max_steps,
-        val,
-        history,
-        rd.pointer,
-        seconds,
-        tokens_seen / seconds if seconds else 0.0,
-        peak_rss_mib(),
-        skipped_steps=skipped,
-    )
+    trainer = Trainer(
+        model, task, run, rd, tokenizer=tokenizer, state=state, stop_after=stop_after,
+        progress=progress,
+    )  # fmt: skip
+    return trainer.run()
 
 
 # Set by each task from its data (the tokenizer's vocabulary, the images' size, the context
 # a block needs), not taken from [model] as written: a resumed run does not compare them.
-FROM_DATA = ("vocab_size", "src_vocab_size", "pad_id", "max_len", "image_size", "channels",
-             "n_classes")  # fmt: skip
+FROM_DATA = ("vocab_size", "src_vocab_size", "pad_id", "max_len", "vision.image_size",
+             "vision.channels", "vision.n_classes")  # fmt: skip
 
 
 def _check_same_model(wanted: ModelConfig, saved: ModelConfig, root: Path) -> None:
@@ -363,7 +426,7 @@ def _check_same_model(wanted: ModelConfig, saved: ModelConfig, root: Path) -> No
     another one (more layers, another width) is an error naming what differs, not silently
     ignored.  [train] may change (more steps, another learning rate)."""
     differ = [
-        f"{name}={getattr(wanted, name)!r} (the checkpoint has {getattr(saved, name)!r})"
+        f"{name}={wanted.value(name)!r} (the checkpoint has {saved.value(name)!r})"
         for name in differing_fields(wanted, saved, skip=FROM_DATA)
     ]
     # max_len is set from the data too (a language model's grows to its block), so only a

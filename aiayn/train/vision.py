@@ -105,13 +105,15 @@ def train_vision(
         raise ValueError(f"{run.data.images} images are {h} x {w}: square images only")
 
     def build() -> tuple[TransformerModel, Tokenizer]:
-        config = run.model.replace(image_size=h, channels=c, n_classes=len(split.labels))
+        images = {"image_size": h, "channels": c, "n_classes": len(split.labels)}
+        config = run.model.replace(vision=images)
         return build_model(config), LabelTokenizer(split.labels)
 
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> ImageTask:
-        if model.config.image_size != h or model.config.channels != c:
+        v = model.config.vision
+        if v.image_size != h or v.channels != c:
             raise ValueError(
-                f"the model reads {model.config.channels} x {model.config.image_size}² images;"
+                f"the model reads {v.channels} x {v.image_size}² images;"
                 f" {run.data.images} has {c} x {h}²"
             )
         return ImageTask(split, batch_size=run.train.batch_size, seed=run.train.seed,

@@ -23,7 +23,7 @@ def test_save_load_identical_outputs(tmp_path: Path, preset: str) -> None:
         "manifest.json",
         "model.safetensors",
     ]
-    loaded = aiayn.load(tmp_path / "m").eval()
+    loaded = aiayn.load_model(tmp_path / "m").eval()
     assert loaded.config == model.config
     ids = torch.randint(1, 64, (2, 7))
     args = (ids, ids[:, :5]) if preset == "paper-base" else (ids,)
@@ -59,7 +59,7 @@ def test_failed_save_keeps_old_checkpoint(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_missing_and_corrupt_checkpoints(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a folder"):
-        aiayn.load(tmp_path / "nope")
+        aiayn.load_model(tmp_path / "nope")
     model = aiayn.build_model(
         "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
     )
@@ -68,22 +68,22 @@ def test_missing_and_corrupt_checkpoints(tmp_path: Path) -> None:
     intact = weights.read_bytes()
     weights.write_bytes(intact[:100])
     with pytest.raises(ValueError, match="model.safetensors is truncated"):
-        aiayn.load(path)
+        aiayn.load_model(path)
     flipped = bytearray(intact)
     flipped[-5] ^= 0xFF  # same size, one byte altered: only the checksum can tell
     weights.write_bytes(bytes(flipped))
     with pytest.raises(ValueError, match="model.safetensors is corrupt"):
-        aiayn.load(path)
+        aiayn.load_model(path)
     (path / "manifest.json").unlink()  # a folder of an older aiayn: no manifest
     weights.write_bytes(intact[:100])
     with pytest.raises(ValueError, match="corrupt weights"):
-        aiayn.load(path)
+        aiayn.load_model(path)
     (path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="corrupt model config"):
-        aiayn.load(path)
+        aiayn.load_model(path)
     (path / "config.json").unlink()
     with pytest.raises(ValueError, match="config.json is missing"):
-        aiayn.load(path)
+        aiayn.load_model(path)
 
 
 def test_weights_of_another_shape_are_refused(tmp_path: Path) -> None:
@@ -100,4 +100,4 @@ def test_weights_of_another_shape_are_refused(tmp_path: Path) -> None:
     )
     (tmp_path / "a" / "manifest.json").unlink()  # as if copied in by hand
     with pytest.raises(ValueError, match="do not match the config"):
-        aiayn.load(tmp_path / "a")
+        aiayn.load_model(tmp_path / "a")

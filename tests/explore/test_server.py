@@ -38,13 +38,13 @@ def test_encoder_decoder_streams_and_translation(client, registry):
     between the two beams on this sentence, so that a beam setting lost on the way shows)."""
     import dataclasses
 
-    from aiayn.checkpoint import load_bundle
+    from aiayn.checkpoint import load
     from aiayn.data.tokenizer import BPETokenizer
     from aiayn.generate.beam import PAPER_BEAM
     from aiayn.generate.translate import translate
     from aiayn.models import EncoderDecoder
 
-    bundle = load_bundle(registry.entries["tiny-mt"].directory)
+    bundle = load(registry.entries["tiny-mt"].directory)
     assert isinstance(bundle.model, EncoderDecoder) and isinstance(bundle.tokenizer, BPETokenizer)
     text, got = "hund katzen", {}
     for beam in (4, 1):

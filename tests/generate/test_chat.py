@@ -11,11 +11,11 @@ import pytest
 import torch
 import transformers
 
+from aiayn.checkpoint import load
 from aiayn.cli import main
 from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.chat import Chat, end_ids
 from aiayn.interop.generation_config import generation_of
-from aiayn.interop.hf_folder import load_checkpoint
 from tests.conftest import chat_folder
 
 GREEDY = SamplingConfig(temperature=0)
@@ -26,7 +26,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """(a folder whose greedy first reply ends on its third new token, that token's id)."""
     root = tmp_path_factory.mktemp("chat")
     free = chat_folder(root / "free", eos=[])
-    bundle = load_checkpoint(free)
+    bundle = load(free)
     hf = transformers.AutoTokenizer.from_pretrained(str(free))
     ids = hf.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
@@ -52,7 +52,7 @@ def reference_reply(folder: Path, messages: list[dict[str, str]]) -> tuple[list[
 
 def test_two_turns_equal_transformers(folders: tuple[Path, int]) -> None:
     folder, _ = folders
-    bundle = load_checkpoint(folder)
+    bundle = load(folder)
     chat = Chat(bundle.model, bundle.tokenizer, generation_of(bundle.run), sampling=GREEDY,  # type: ignore[arg-type]
                 max_new_tokens=20)  # fmt: skip
     messages = [{"role": "user", "content": "hello"}]
@@ -69,7 +69,7 @@ def test_a_reply_ends_at_the_folders_end_id_or_the_tokenizers_eos(
     folders: tuple[Path, int],
 ) -> None:
     folder, stop = folders
-    bundle = load_checkpoint(folder)
+    bundle = load(folder)
     assert end_ids(bundle.tokenizer, generation_of(bundle.run)) == (stop, 0)  # type: ignore[arg-type]
     _, reply = reference_reply(folder, [{"role": "user", "content": "hello"}])
     assert len(reply) == 2  # it stopped on the third new token, as the fixture chose
@@ -87,7 +87,7 @@ def test_aiayn_chat_streams_replies_and_resets(
     folders: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder, _ = folders
-    bundle = load_checkpoint(folder)
+    bundle = load(folder)
     _, reply = reference_reply(folder, [{"role": "user", "content": "hello"}])
     args = ["chat", "--checkpoint", str(folder), "--temperature", "0", "--max-new-tokens", "20"]
     code, out, err = run_cli(args, "hello\n/reset\nhello\n/exit\n", monkeypatch, capsys)
@@ -108,7 +108,7 @@ def test_generate_stops_at_the_end_id_without_printing_it(
     folders: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder, stop = folders
-    bundle = load_checkpoint(folder)
+    bundle = load(folder)
     prompt = "hello there"
     free = generate(bundle.model, [bundle.tokenizer.encode(prompt)], max_new_tokens=30,  # type: ignore[arg-type]
                     sampling=GREEDY)[0]  # fmt: skip

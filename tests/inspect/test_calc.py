@@ -56,19 +56,21 @@ def _variants() -> list[ModelConfig]:
         ("pre", "post"),
     ):
         out.append(
-            ModelConfig(
-                arch=arch,
-                positional=positional,
-                activation=activation,
-                bias=bias,
-                tie_embeddings=tie,
-                norm=norm,
-                norm_position=where,
-                max_len=32,
-                **small,
+            ModelConfig.from_dict(
+                dict(
+                    arch=arch,
+                    positional=positional,
+                    activation=activation,
+                    bias=bias,
+                    tie_embeddings=tie,
+                    norm=norm,
+                    norm_position=where,
+                    max_len=32,
+                    **small,
+                )
             )
         )
-    base = ModelConfig(max_len=32, **small)
+    base = ModelConfig.from_dict(dict(max_len=32, **small))
     out += [
         base.replace(n_kv_heads=2),
         base.replace(n_kv_heads=1, d_head=6, positional="rope"),
@@ -136,18 +138,20 @@ def test_kv_cache_scales_with_context_and_window() -> None:
     ],
 )
 def test_kv_cache_bytes_equal_a_real_cache(overrides: dict, dtype: torch.dtype) -> None:
-    config = ModelConfig(
-        arch="decoder",
-        vocab_size=50,
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=48,
-        max_len=16,
-        positional="rope",
-        tie_embeddings=False,
-        pad_id=None,
+    config = ModelConfig.from_dict(
+        dict(
+            arch="decoder",
+            vocab_size=50,
+            n_layers=2,
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=48,
+            max_len=16,
+            positional="rope",
+            tie_embeddings=False,
+            pad_id=None,
+        )
     ).replace(**overrides)
     model = aiayn.build_model(config)
     batch, capacity = 3, 12
@@ -165,18 +169,20 @@ def test_gqa_shrinks_kv_cache_by_the_group_size() -> None:
 
 def test_training_flops_by_hand() -> None:
     # Decoder: 2 layers, d=16, 4 heads of 4, 2 KV heads, d_ff 24 (GELU), vocab 61, tied.
-    config = ModelConfig(
-        arch="decoder",
-        vocab_size=61,
-        n_layers=2,
-        d_model=16,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=24,
-        max_len=64,
-        positional="learned",
-        activation="gelu",
-        pad_id=None,
+    config = ModelConfig.from_dict(
+        dict(
+            arch="decoder",
+            vocab_size=61,
+            n_layers=2,
+            d_model=16,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=24,
+            max_len=64,
+            positional="learned",
+            activation="gelu",
+            pad_id=None,
+        )
     )
     attn = 16 * (16 + 2 * 8) + 16 * 16  # qkv + out
     ffn = 16 * 24 + 24 * 16

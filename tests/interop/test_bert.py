@@ -167,10 +167,10 @@ def test_embed_and_fill_mask_on_an_hf_folder_equal_hf(tmp_path, capsys) -> None:
         assert [g["id"] for g in mine] == [r["token"] for r in ref]
         np.testing.assert_allclose([g["score"] for g in mine], [r["score"] for r in ref], atol=1e-5)
     with pytest.raises(ValueError, match="no mask token"):
+        from aiayn.checkpoint import load
         from aiayn.generate.encoder import fill_mask
-        from aiayn.interop.hf_folder import load_checkpoint
 
-        bundle = load_checkpoint(tmp_path / "hf")
+        bundle = load(tmp_path / "hf")
         fill_mask(bundle.model, bundle.tokenizer, "no mask here")  # type: ignore[arg-type]
 
 
@@ -202,13 +202,13 @@ def test_layernorm_gamma_and_beta_names_load(tmp_path) -> None:  # type: ignore[
 
 
 def test_truncated_texts_keep_their_sep_as_hf_truncates(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from aiayn.checkpoint import load
     from aiayn.generate.encoder import sentence_embeddings
-    from aiayn.interop.hf_folder import load_checkpoint
 
     hf = bert("BertModel", max_position_embeddings=12)
     hf.save_pretrained(tmp_path / "hf")
     wordpiece(tmp_path / "hf")
-    bundle = load_checkpoint(tmp_path / "hf")
+    bundle = load(tmp_path / "hf")
     text = "Ein Hund läuft über die Wiese und zwei Männer spielen Fußball im Park."
     with pytest.raises(ValueError, match="at most 12"):
         sentence_embeddings(bundle.model, bundle.tokenizer, [text])  # type: ignore[arg-type]

@@ -11,9 +11,9 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from aiayn.checkpoint import load
 from aiayn.generate import SamplingConfig, generate, stream
 from aiayn.interop.generation_config import GenerationIds, generation_of, read_generation
-from aiayn.interop.hf_folder import load_checkpoint
 
 GREEDY = SamplingConfig(temperature=0)
 
@@ -64,11 +64,11 @@ def test_ids_are_read_as_transformers_reads_them(
         eos=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
     )
     assert read_generation(folder) == want
-    assert generation_of(load_checkpoint(folder).run) == want  # carried by the bundle
+    assert generation_of(load(folder).run) == want  # carried by the bundle
 
 
 def test_generation_stops_at_any_eos_as_transformers_does(gpt2: Path, tmp_path: Path) -> None:
-    bundle = load_checkpoint(gpt2)
+    bundle = load(gpt2)
     prompt = [3, 12, 40, 17]
     free = generate(bundle.model, [prompt], max_new_tokens=20, sampling=GREEDY)[0]  # type: ignore[arg-type]
     # two ids the free continuation produces, each for the first time at `first` and later
@@ -77,7 +77,7 @@ def test_generation_stops_at_any_eos_as_transformers_does(gpt2: Path, tmp_path: 
     first, later = new[1], new[2]
     eos = [free[later], free[first]]  # listed out of order: any of them ends the text
     folder = with_generation(gpt2, tmp_path, {"eos_token_id": eos, "pad_token_id": 0})
-    ids = generation_of(load_checkpoint(folder).run).eos
+    ids = generation_of(load(folder).run).eos
     got = generate(bundle.model, [prompt], max_new_tokens=20, sampling=GREEDY, eos_id=ids)[0]  # type: ignore[arg-type]
     hf = transformers.GPT2LMHeadModel.from_pretrained(folder)
     want = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0, 4:]
@@ -87,7 +87,7 @@ def test_generation_stops_at_any_eos_as_transformers_does(gpt2: Path, tmp_path: 
 
 
 def test_a_batch_stops_each_row_at_its_own_eos(gpt2: Path) -> None:
-    bundle = load_checkpoint(gpt2)
+    bundle = load(gpt2)
     prompts = [[3, 12, 40, 17], [3, 5, 6]]
     free = generate(bundle.model, prompts, max_new_tokens=12, sampling=GREEDY)  # type: ignore[arg-type]
     eos = (free[0][2], free[1][6])

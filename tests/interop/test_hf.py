@@ -15,10 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
 
 from aiayn.config import ModelConfig
+from aiayn.interop.families import from_hf
 from aiayn.interop.hf import (
     config_from_gpt2,
     config_from_llama,
-    from_hf,
     from_hf_gpt2,
     from_hf_llama,
     to_hf_gpt2,
@@ -107,24 +107,27 @@ def left_padded(batch: int = 3, length: int = 12) -> tuple[Tensor, Tensor]:
 
 def test_config_from_gpt2() -> None:
     c = config_from_gpt2(gpt2().config)
-    assert (c.arch, c.positional, c.norm_position, c.activation) == (
+    assert (c.arch, c.positions.scheme, c.norm_position, c.ffn.activation) == (
         "decoder",
         "learned",
         "pre",
         "gelu_tanh",
     )
-    assert (c.d_model, c.n_heads, c.n_layers, c.d_ff, c.max_len) == (64, 4, 2, 256, 32)
+    a, f = c.attention, c.ffn
+    assert (c.d_model, a.n_heads, c.n_layers, f.d_ff, c.max_len) == (64, 4, 2, 256, 32)
     assert c.tie_embeddings and c.bias and not c.scale_embeddings and c.pad_id is None
     assert (
-        config_from_gpt2(transformers.GPT2Config(activation_function="gelu")).activation == "gelu"
+        config_from_gpt2(transformers.GPT2Config(activation_function="gelu")).ffn.activation
+        == "gelu"
     )
 
 
 def test_config_from_llama() -> None:
     c = config_from_llama(llama(theta=500000.0, tied=True).config)
-    assert (c.positional, c.norm, c.activation, c.bias) == ("rope", "rmsnorm", "swiglu", False)
-    assert (c.n_heads, c.kv_heads, c.head_dim, c.d_ff, c.max_len) == (4, 2, 16, 96, 64)
-    assert c.rope_base == 500000.0 and c.rope_scaling == 1.0 and c.tie_embeddings
+    a, f, p = c.attention, c.ffn, c.positions
+    assert (p.scheme, c.norm, f.activation, c.bias) == ("rope", "rmsnorm", "swiglu", False)
+    assert (a.n_heads, c.kv_heads, c.head_dim, f.d_ff, c.max_len) == (4, 2, 16, 96, 64)
+    assert p.rope_base == 500000.0 and p.rope_scaling == 1.0 and c.tie_embeddings
 
 
 @pytest.mark.parametrize(
@@ -199,7 +202,7 @@ def test_gpt2_round_trip() -> None:
 def test_gpt2_untied_and_gelu() -> None:
     hf = gpt2(tie_word_embeddings=False, activation_function="gelu")
     ours = from_hf_gpt2(hf).eval()
-    assert not ours.config.tie_embeddings and ours.config.activation == "gelu"
+    assert not ours.config.tie_embeddings and ours.config.ffn.activation == "gelu"
     ids = torch.randint(0, VOCAB, (2, 10))
     torch.testing.assert_close(ours_logits(ours, ids), hf_logits(hf, ids), **TOL)
 
@@ -243,7 +246,7 @@ def test_llama_linear_rope_scaling() -> None:
     scaling = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     hf = llama(rope_parameters=scaling)
     ours = from_hf_llama(hf).eval()
-    assert ours.config.rope_scaling == 2.0
+    assert ours.config.positions.rope_scaling == 2.0
     ids = torch.randint(0, VOCAB, (2, 40))
     torch.testing.assert_close(ours_logits(ours, ids), hf_logits(hf, ids), **TOL)
     back = to_hf_llama(ours, attn_implementation="eager").eval()
@@ -303,7 +306,7 @@ def test_mistral_sliding_window_logits_and_cache_match(attn: str) -> None:
     masking as in ours, over a full pass and over cached decoding."""
     hf = llama_family("Mistral", attn, sliding_window=6)
     ours = from_hf(hf).eval()
-    assert ours.config.sliding_window == 6
+    assert ours.config.attention.sliding_window == 6
     ids = torch.randint(0, VOCAB, (2, 24))
     expected = hf_logits(hf, ids)
     torch.testing.assert_close(ours_logits(ours, ids), expected, **TOL)
@@ -316,7 +319,7 @@ def test_mistral_sliding_window_logits_and_cache_match(attn: str) -> None:
 def test_qwen2_biases_logits_and_cache_match(tied: bool) -> None:
     hf = llama_family("Qwen2", tie_word_embeddings=tied)
     ours = from_hf(hf).eval()
-    assert ours.config.qkv_bias is True and ours.config.bias is False
+    assert ours.config.attention.qkv_bias is True and ours.config.bias is False
     assert ours.decoder.blocks[0].self_attn.out.bias is None  # o_proj has none
     ids = torch.randint(0, VOCAB, (2, 20))
     expected = hf_logits(hf, ids)
@@ -358,7 +361,7 @@ def test_mixtral_routing_logits_and_cache_match(
         for layer in hf.model.layers:
             layer.mlp.gate.weight.normal_(0.0, 1.0)
     ours = from_hf(hf).eval()
-    assert ours.config.n_experts == experts and ours.config.experts_top_k == top_k
+    assert ours.config.ffn.n_experts == experts and ours.config.ffn.top_k == top_k
     ids = torch.randint(0, VOCAB, (2, 20))
     expected = hf_logits(hf, ids)
     torch.testing.assert_close(ours_logits(ours, ids), expected, **TOL)

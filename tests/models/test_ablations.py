@@ -81,7 +81,9 @@ def test_no_future_token_leaks_into_the_past(kw: dict[str, object]) -> None:
 
 def test_unscaled_attention_is_softmax_of_raw_dot_products() -> None:
     """attention_scale = False: softmax(Q K^T) V, by hand from the module's own projections."""
-    cfg = ModelConfig(arch="encoder", **SMALL, attention_scale=False, positional="none")  # type: ignore[arg-type]
+    cfg = ModelConfig.from_dict(
+        dict(arch="encoder", **SMALL, attention_scale=False, positional="none")
+    )
     block = Block(cfg).eval()
     attn = block.self_attn
     x = torch.randn(2, 5, 32) * 3
@@ -100,7 +102,9 @@ def test_unscaled_attention_is_softmax_of_raw_dot_products() -> None:
 def test_without_residual_each_sublayer_replaces_the_stream(norm_position: str) -> None:
     """residual = False turns x + Sublayer(x) into Sublayer(x): the block is the composition
     of its sublayers (and norms) alone."""
-    cfg = ModelConfig(arch="encoder", **SMALL, residual=False, norm_position=norm_position)  # type: ignore[arg-type]
+    cfg = ModelConfig.from_dict(
+        dict(arch="encoder", **SMALL, residual=False, norm_position=norm_position)
+    )
     block = Block(cfg).eval()
     x, ctx = torch.randn(2, 5, 32), Context()
     if norm_position == "post":
@@ -129,7 +133,7 @@ def test_additive_parameters_train_and_bad_values_are_named() -> None:
     F.cross_entropy(dec(ids).flatten(0, 1), ids.flatten()).backward()
     assert w.grad is not None and w.grad.abs().sum() > 0
     assert math.isclose(float(w.detach().std()), 8**-0.5, rel_tol=0.5)
-    with pytest.raises(ValueError, match="attention_score='mlp'.*'dot', 'additive'"):
-        ModelConfig(attention_score="mlp")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="AttentionConfig.score='mlp'.*'dot', 'additive'"):
+        ModelConfig.from_dict(dict(attention_score="mlp"))
     with pytest.raises(ValueError, match="residual=1.*true or false"):
-        ModelConfig(residual=1)  # type: ignore[arg-type]
+        ModelConfig.from_dict(dict(residual=1))

@@ -127,9 +127,11 @@ def test_flop_count_meets_every_recurrent_weight(rnn: str, attention: bool) -> N
 
 
 def test_bad_configs_are_named() -> None:
-    with pytest.raises(ValueError, match="rnn='gru' is invalid: expected None for arch='decoder'"):
+    with pytest.raises(
+        ValueError, match="rnn.cell='gru' is invalid: expected None for arch='decoder'"
+    ):
         aiayn.build_model("gpt2-small", rnn="gru")
-    with pytest.raises(ValueError, match="rnn='rnn' is invalid"):
+    with pytest.raises(ValueError, match="RNNConfig.cell='rnn' is invalid"):
         aiayn.build_model("paper-base", rnn="rnn")
     with pytest.raises(ValueError, match="d_model=33 is invalid: expected an even width"):
         aiayn.build_model("paper-base", rnn="lstm", d_model=33, n_heads=1)
@@ -154,7 +156,7 @@ def test_trains_resumes_saves_and_translates_like_the_transformer(tmp_path: Path
     losses = [h["loss"] for h in full.history]
     assert [h["loss"] for h in resumed.history] == pytest.approx(losses, rel=1e-5)
     assert losses[-1] < losses[0]
-    loaded = aiayn.load(tmp_path / "full" / "checkpoint")
+    loaded = aiayn.load_model(tmp_path / "full" / "checkpoint")
     assert isinstance(loaded, RNNEncoderDecoder)
     assert loaded.head.weight is loaded.src_token.weight  # tying survives the checkpoint
     src = tmp_path / "in.txt"

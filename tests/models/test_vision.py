@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import RunDir, load_bundle
+from aiayn.checkpoint import RunDir, load
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.data.images import load_split
@@ -25,7 +25,7 @@ SMALL = dict(arch="encoder", image_size=8, patch_size=2, channels=1, n_classes=1
 
 def vit(**kw: object) -> VisionTransformer:
     torch.manual_seed(0)
-    m = build_model(ModelConfig(**{**SMALL, **kw}))  # type: ignore[arg-type]
+    m = build_model(ModelConfig.from_dict({**SMALL, **kw}))
     assert isinstance(m, VisionTransformer)
     return m.eval()
 
@@ -52,13 +52,13 @@ def test_bad_images_and_configs_are_named() -> None:
     with pytest.raises(
         ValueError, match="image_size=8 is invalid: expected a multiple of patch_size=3"
     ):
-        ModelConfig(**{**SMALL, "patch_size": 3})  # type: ignore[arg-type]
+        ModelConfig.from_dict({**SMALL, "patch_size": 3})
     with pytest.raises(ValueError, match="n_classes=None is invalid"):
-        ModelConfig(**{**SMALL, "n_classes": None})  # type: ignore[arg-type]
+        ModelConfig.from_dict({**SMALL, "n_classes": None})
     with pytest.raises(
         ValueError, match="image_size=8 is invalid: expected None for arch='decoder'"
     ):
-        ModelConfig(**{**SMALL, "arch": "decoder"})  # type: ignore[arg-type]
+        ModelConfig.from_dict({**SMALL, "arch": "decoder"})
 
 
 def test_the_split_is_stratified_disjoint_and_fixed() -> None:
@@ -98,7 +98,7 @@ def test_trains_resumes_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixt
     losses = [h["loss"] for h in full.history]
     assert [h["loss"] for h in resumed.history] == pytest.approx(losses, rel=1e-5)
     assert losses[-1] < losses[0] - 0.3
-    bundle = load_bundle(tmp_path / "full" / "checkpoint")
+    bundle = load(tmp_path / "full" / "checkpoint")
     assert isinstance(bundle.model, VisionTransformer)
     assert isinstance(bundle.tokenizer, LabelTokenizer) and bundle.tokenizer.labels[3] == "3"
     _, state = RunDir(tmp_path / "full").load()

@@ -9,10 +9,19 @@ import pytest
 import torch
 
 import aiayn
-from aiayn.config import ModelConfig
+from aiayn.config import AttentionConfig, ModelConfig, PositionConfig
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.positions import build_positions
 from aiayn.nn.positions.alibi import alibi_slopes
+
+
+def alibi_config(n_heads: int, d_model: int = 512) -> ModelConfig:
+    return ModelConfig(
+        arch="decoder",
+        d_model=d_model,
+        attention=AttentionConfig(n_heads=n_heads),
+        positions=PositionConfig(scheme="alibi"),
+    )
 
 
 def test_slopes_are_the_papers() -> None:
@@ -23,7 +32,7 @@ def test_slopes_are_the_papers() -> None:
 
 
 def test_bias_is_minus_slope_times_distance() -> None:
-    scheme = build_positions(ModelConfig(arch="decoder", positional="alibi", n_heads=4))
+    scheme = build_positions(alibi_config(n_heads=4))
     pos = torch.arange(5)
     bias = scheme.state(pos, pos).score_bias()
     assert bias is not None and bias.shape == (1, 4, 5, 5)
@@ -39,7 +48,7 @@ def test_attention_with_the_bias_by_hand() -> None:
     """One head, zero queries: the scores are the bias alone, so the causal weights of query i
     are exp(-m (i - j)) normalised over j <= i."""
     m = alibi_slopes(1)[0].item()  # 2^-8
-    scheme = build_positions(ModelConfig(arch="decoder", positional="alibi", n_heads=1, d_model=8))
+    scheme = build_positions(alibi_config(n_heads=1, d_model=8))
     pos = torch.arange(4)
     bias = scheme.state(pos, pos).score_bias()
     q = torch.zeros(1, 1, 4, 8)

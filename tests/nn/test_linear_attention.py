@@ -110,12 +110,12 @@ def test_decoding_memory_is_flat_and_the_calculator_agrees() -> None:
 def test_bad_configs_are_named() -> None:
     with pytest.raises(
         ValueError,
-        match="mixer='linear' is invalid: expected 'attention' for arch='encoder-decoder'",
+        match="mixer.kind='linear' is invalid: expected 'attention' for arch='encoder-decoder'",
     ):
         aiayn.build_model("paper-base", mixer="linear")
-    with pytest.raises(ValueError, match="positional='alibi' is invalid"):
+    with pytest.raises(ValueError, match="positions.scheme='alibi' is invalid"):
         aiayn.build_model("gpt2-small", mixer="linear", positional="alibi")
-    with pytest.raises(ValueError, match="sliding_window=8 is invalid"):
+    with pytest.raises(ValueError, match="attention.sliding_window=8 is invalid"):
         aiayn.build_model("gpt2-small", mixer="linear", sliding_window=8)
     with pytest.raises(ValueError, match="attention_every=2 is invalid"):
         aiayn.build_model("gpt2-small", attention_every=2)

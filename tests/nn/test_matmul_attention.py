@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.nn.attention import attend
+from aiayn.nn.attention import AttentionCall, attend
 from aiayn.nn.matmul_attention import MatmulAttention, causal_bias, matmul_attention, max_scores
 
 
@@ -74,22 +74,28 @@ def test_causal_needs_square_scores() -> None:
         matmul_attention(q, k, v, is_causal=True, scale=1.0)
 
 
+CAUSAL = AttentionCall(scale=0.3, causal=True)
+
+
 def _kernel(out: torch.Tensor) -> str:
     return type(out.grad_fn).__name__
 
 
 def test_the_sdpa_backend_takes_it_only_when_training_on_short_unmasked_inputs() -> None:
     q, k, v = (x.requires_grad_() for x in _inputs(8, 8, torch.float32))
-    assert _kernel(attend(q, k, v, is_causal=True, scale=0.3)[0]) == "MatmulAttentionBackward"
+    assert _kernel(attend(q, k, v, CAUSAL)[0]) == "MatmulAttentionBackward"
     with torch.no_grad():  # inference: the fused kernel
-        assert attend(q, k, v, is_causal=True, scale=0.3)[0].grad_fn is None
+        assert attend(q, k, v, CAUSAL)[0].grad_fn is None
     mask = torch.ones(8, 8, dtype=torch.bool)
-    assert _kernel(attend(q, k, v, mask, scale=0.3)[0]) != "MatmulAttentionBackward"
-    dropped = attend(q, k, v, is_causal=True, scale=0.3, dropout_p=0.1)[0]
+    assert (
+        _kernel(attend(q, k, v, AttentionCall(scale=0.3, mask=mask))[0])
+        != "MatmulAttentionBackward"
+    )
+    dropped = attend(q, k, v, AttentionCall(scale=0.3, causal=True, dropout_p=0.1))[0]
     assert _kernel(dropped) != "MatmulAttentionBackward"
     for dtype in (torch.float32, torch.bfloat16):
         n = int(max_scores(dtype) ** 0.5)
         for length, taken in ((n, True), (n + 1, False)):  # at the limit, one key past it
             q, k, v = (x.requires_grad_() for x in _inputs(length, length, dtype))
-            out = attend(q, k, v, is_causal=True, scale=0.3)[0]
+            out = attend(q, k, v, CAUSAL)[0]
             assert (_kernel(out) == "MatmulAttentionBackward") is taken, (dtype, length)

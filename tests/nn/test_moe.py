@@ -102,7 +102,7 @@ def test_every_family_takes_experts_and_reports_router_stats(preset: str, kw: di
 
 
 def test_bad_moe_configs() -> None:
-    with pytest.raises(ValueError, match="experts_top_k=3"):
+    with pytest.raises(ValueError, match="FeedForwardConfig.top_k=3"):
         aiayn.get_preset("gpt2-small", n_experts=2, experts_top_k=3)
-    with pytest.raises(ValueError, match="expert_capacity_factor"):
+    with pytest.raises(ValueError, match="FeedForwardConfig.capacity_factor=0.0"):
         aiayn.get_preset("gpt2-small", n_experts=2, expert_capacity_factor=0.0)

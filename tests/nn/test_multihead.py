@@ -9,14 +9,14 @@ from torch import nn
 from aiayn.nn.cache import Cache
 from aiayn.nn.context import Context, Record
 from aiayn.nn.masks import causal_mask
-from aiayn.nn.multihead import MultiHeadAttention
+from aiayn.nn.multihead import CrossAttention, SelfAttention
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
 def test_self_attention_equals_torch(backend: str) -> None:
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(32, 4, batch_first=True).eval()
-    ours = MultiHeadAttention(32, 4, backend=backend).eval()
+    ours = SelfAttention(32, 4, backend=backend).eval()
     ours.load_from_torch(ref)
     x = torch.randn(2, 6, 32)
     keep = torch.ones(2, 6, dtype=torch.bool)
@@ -36,7 +36,7 @@ def test_self_attention_equals_torch(backend: str) -> None:
 def test_cross_attention_equals_torch() -> None:
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(32, 8, batch_first=True).eval()
-    ours = MultiHeadAttention(32, 8, cross=True).eval()
+    ours = CrossAttention(32, 8).eval()
     ours.load_from_torch(ref)
     x, memory = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
     keep = torch.rand(3, 7) > 0.3
@@ -52,8 +52,8 @@ def test_cross_attention_equals_torch() -> None:
 def test_grouped_query_equals_mha_with_shared_kv_heads(n_kv: int) -> None:
     torch.manual_seed(0)
     h, d, c = 4, 8, 32
-    gqa = MultiHeadAttention(c, h, n_kv).eval()
-    mha = MultiHeadAttention(c, h, h).eval()
+    gqa = SelfAttention(c, h, n_kv).eval()
+    mha = SelfAttention(c, h, h).eval()
     wq, wk, wv = gqa.qkv.weight.split((h * d, n_kv * d, n_kv * d))
     bq, bk, bv = gqa.qkv.bias.split((h * d, n_kv * d, n_kv * d))
 
@@ -73,7 +73,7 @@ def test_grouped_query_equals_mha_with_shared_kv_heads(n_kv: int) -> None:
 def test_gqa_with_all_kv_heads_is_mha() -> None:
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(16, 4, batch_first=True).eval()
-    ours = MultiHeadAttention(16, 4, n_kv_heads=4).eval()
+    ours = SelfAttention(16, 4, n_kv_heads=4).eval()
     ours.load_from_torch(ref)
     x = torch.randn(1, 3, 16)
     torch.testing.assert_close(ours(x, Context()), ref(x, x, x)[0], atol=1e-5, rtol=1e-5)
@@ -81,7 +81,7 @@ def test_gqa_with_all_kv_heads_is_mha() -> None:
 
 def test_cache_appends_and_matches_full() -> None:
     torch.manual_seed(0)
-    attn = MultiHeadAttention(16, 4, 2).eval()
+    attn = SelfAttention(16, 4, 2).eval()
     x = torch.randn(2, 6, 16)
     full = attn(x, Context(causal=True))
     cache = Cache.empty(1, 2, 2, 8, 4)
@@ -97,13 +97,13 @@ def test_cache_appends_and_matches_full() -> None:
 
 def test_bad_construction_and_input() -> None:
     with pytest.raises(ValueError, match="multiple of n_heads"):
-        MultiHeadAttention(30, 4)
+        SelfAttention(30, 4)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        MultiHeadAttention(32, 4, 3)
+        SelfAttention(32, 4, 3)
     with pytest.raises(ValueError, match=r"\(B, T, d_model\)"):
-        MultiHeadAttention(32, 4)(torch.randn(5, 32), Context())
+        SelfAttention(32, 4)(torch.randn(5, 32), Context())
     with pytest.raises(ValueError, match="attention_backend='cuda'"):
-        MultiHeadAttention(32, 4, backend="cuda")
+        SelfAttention(32, 4, backend="cuda")
 
 
 @pytest.mark.parametrize("score", ["dot", "additive"])
@@ -111,7 +111,7 @@ def test_memory_shared_by_groups_of_rows_equals_repeating_it(score: str) -> None
     """Beam search gives one memory row per sentence for its K query rows: folding the K rows'
     queries into one row must give what K copies of the memory give, records included."""
     torch.manual_seed(0)
-    attn = MultiHeadAttention(32, 4, cross=True, score=score).eval()
+    attn = CrossAttention(32, 4, score=score).eval()
     b, k = 3, 4
     x, memory = torch.randn(b * k, 2, 32), torch.randn(b, 7, 32)
     keep = torch.rand(b, 7) > 0.3

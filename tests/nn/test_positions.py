@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from aiayn.config import ModelConfig
+from aiayn.config import AttentionConfig, ModelConfig
 from aiayn.nn.positions import (
     LearnedPositions,
     RotaryEmbedding,
@@ -44,7 +44,7 @@ def test_sinusoid_offset_is_a_fixed_linear_map(k: int) -> None:
 
 
 def _config(max_len: int, d: int) -> ModelConfig:
-    return ModelConfig(max_len=max_len, d_model=d, n_heads=2)
+    return ModelConfig(max_len=max_len, d_model=d, attention=AttentionConfig(n_heads=2))
 
 
 def test_sinusoid_distinguishes_order() -> None:

@@ -180,8 +180,6 @@ def test_limits_busy_and_stopped() -> None:
 
 
 def test_token_id_prompts_a_tiny_temperature_and_the_time_of_each_response(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import aiayn.serve.app as app_module
-
     with client() as (c, _, tok):
         text = c.post("/v1/completions", json={"prompt": "the", "max_tokens": 8,
                                                "temperature": 0}).json()  # fmt: skip
@@ -195,7 +193,7 @@ def test_token_id_prompts_a_tiny_temperature_and_the_time_of_each_response(monke
         assert r.status_code == 200 and r.json()["choices"] == text["choices"]
         # `created` is when the response was made, not when the app was.
         later = time.time() + 1000
-        monkeypatch.setattr(app_module.time, "time", lambda: later)
+        monkeypatch.setattr(time, "time", lambda: later)
         r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).json()
         assert r["created"] == int(later)
 
@@ -430,7 +428,7 @@ def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(
     import subprocess
     import sys
 
-    from aiayn.checkpoint import load_bundle, save
+    from aiayn.checkpoint import load, save
     from aiayn.checkpoint.bundle import TOKENIZER_FILE
 
     folder = tmp_path / "run" / "checkpoint"
@@ -468,7 +466,7 @@ def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(
             assert metrics(httpx.get(f"{url}/metrics").text)["cache_slots_total"] == slots
         else:
             assert health["kind"] == "EncoderDecoder"
-            bundle = load_bundle(folder)
+            bundle = load(folder)
             assert isinstance(bundle.model, EncoderDecoder)
             assert isinstance(bundle.tokenizer, BPETokenizer)
             r = httpx.post(f"{url}/v1/translate", json={"text": lines[:3], "beam": 3}, timeout=60)
@@ -493,7 +491,7 @@ def test_a_full_translation_queue_is_a_429(monkeypatch: pytest.MonkeyPatch) -> N
     """``max_queue=1``: one translation runs, one waits, the next is refused with a 429 --
     decided by the queue, not by timing: translate() is held until both are in (the metrics'
     queue depth says 2).  The two then finish with what translate() gives."""
-    import aiayn.serve.app as app_module
+    import aiayn.serve.translator as translator_module
 
     m, tok, lines = mt_and_tokenizer()
     release = threading.Event()
@@ -502,7 +500,7 @@ def test_a_full_translation_queue_is_a_429(monkeypatch: pytest.MonkeyPatch) -> N
         assert release.wait(60), "never released"
         return translate(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(app_module, "translate", held)
+    monkeypatch.setattr(translator_module, "translate", held)
     app = create_app(m, tok, name="mt", max_queue=1)
     bodies: list[dict[str, object]] = [
         {"text": lines[:2], "beam": 2},
@@ -542,7 +540,7 @@ def test_a_full_translation_queue_is_a_429(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_bpe_checkpoint_stops_at_its_end_of_text_token() -> None:
     """The tokenizer's `</s>` is the EOS: generation stops there (finish_reason "stop") and
     the EOS is not part of the text."""
-    from aiayn.serve.app import eos_id
+    from aiayn.serve.served import eos_id
 
     tok = BPETokenizer.from_lines([TEXT] * 8, vocab_size=300)
     eos = eos_id(tok)

@@ -22,8 +22,8 @@ import torch
 import transformers
 from sentence_transformers import SentenceTransformer
 
+from aiayn.checkpoint import load
 from aiayn.interop.generation_config import generation_of
-from aiayn.interop.hf_folder import load_checkpoint
 from aiayn.interop.sentence_transformers import read_pooling
 from aiayn.serve.app import create_app
 from tests.conftest import chat_folder, free_port
@@ -39,13 +39,13 @@ def chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A chat folder whose generation_config ends a reply at <|im_end|> or <|endoftext|>."""
     root = tmp_path_factory.mktemp("chat")
     folder = chat_folder(root, eos=[])
-    im_end = load_checkpoint(folder).tokenizer.tok.token_to_id("<|im_end|>")  # type: ignore[union-attr]
+    im_end = load(folder).tokenizer.tok.token_to_id("<|im_end|>")  # type: ignore[union-attr]
     return chat_folder(root / "ends", eos=[im_end, 0])
 
 
 @pytest.fixture(scope="module")
 def chat_url(chat_dir: Path) -> Iterator[str]:
-    bundle = load_checkpoint(chat_dir)
+    bundle = load(chat_dir)
     app = create_app(bundle.model, bundle.tokenizer, name="tiny-chat", max_batch=4,
                      generation=generation_of(bundle.run), api_key=KEY)  # fmt: skip
     with served(app) as url:
@@ -122,7 +122,7 @@ def test_chat_errors_are_named(chat_url: str, tmp_path: Path) -> None:
             model="tiny-chat", messages=MESSAGES,  # type: ignore[arg-type]
             tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
         )  # fmt: skip
-    plain = load_checkpoint(chat_folder(tmp_path, eos=[0], template=None))
+    plain = load(chat_folder(tmp_path, eos=[0], template=None))
     with served(create_app(plain.model, plain.tokenizer, name="plain")) as url:
         r = httpx.post(f"{url}/v1/chat/completions", json={"messages": MESSAGES})
         assert r.status_code == 400 and "no chat_template" in r.json()["error"]["message"]
@@ -136,7 +136,7 @@ def minilm_want() -> np.ndarray:
 
 
 def test_embeddings_equal_sentence_transformers(minilm_want: np.ndarray) -> None:
-    bundle = load_checkpoint(MINILM)
+    bundle = load(MINILM)
     app = create_app(bundle.model, bundle.tokenizer, name="minilm", pooling=read_pooling(MINILM))
     with served(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")

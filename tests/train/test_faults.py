@@ -29,11 +29,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aiayn.checkpoint import RunDir, atomic
+from aiayn.checkpoint import RunDir, atomic, load
 from aiayn.checkpoint.atomic import set_fault_hook
 from aiayn.checkpoint.run_dir import step_dir_name
 from aiayn.cli import main
-from aiayn.interop.hf_folder import load_checkpoint
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import LMTask, train_lm
 from aiayn.train.loop import NonFiniteLoss
@@ -308,7 +307,7 @@ def test_sigkill_at_points_drawn_in_advance(setup: tuple[Path, dict[str, torch.T
     assert {p.split(":")[0] == "step" for p in schedule} == {True, False}  # both kinds
     for i, point in enumerate(schedule):
         killed_at(root, out, point, [] if i == 0 else ["--resume"])
-        load_checkpoint(root / out / "checkpoint")  # complete: every file's checksum matches
+        load(root / out / "checkpoint")  # complete: every file's checksum matches
     finish(root, out)
     assert_same_run(root, out, reference)
 

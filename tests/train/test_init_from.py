@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import aiayn
+from aiayn.checkpoint import load
 from aiayn.cli import main
-from aiayn.interop.hf_folder import load_checkpoint
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import initial_model, train_lm
 
@@ -78,7 +78,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 def test_the_run_starts_from_the_folders_weights_and_tokenizer(gpt2: Path, tmp_path: Path) -> None:
     run = load_run_config(write_run(tmp_path, gpt2, steps=1))
     model, tokenizer = initial_model(run, block_size=24)
-    start = load_checkpoint(gpt2)
+    start = load(gpt2)
     got = model.state_dict()
     for name, value in start.model.state_dict().items():
         assert torch.equal(got[name], value), name
@@ -104,8 +104,8 @@ def test_fine_tuning_learns_resumes_and_converts_back(gpt2: Path, tmp_path: Path
     ckpt = tmp_path / "full" / "checkpoint"
     assert main(["convert", "--to-hf", "gpt2", "--checkpoint", str(ckpt), "--out", str(out)]) == 0
     hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
-    ours = load_checkpoint(ckpt).model.eval()
-    ids = torch.tensor([load_checkpoint(ckpt).tokenizer.encode(TEXT[:60])])
+    ours = load(ckpt).model.eval()
+    ids = torch.tensor([load(ckpt).tokenizer.encode(TEXT[:60])])
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
     # and an aiayn checkpoint is a starting point too

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint import RunDir, load_bundle
+from aiayn.checkpoint import RunDir, load
 from aiayn.nn import matmul_attention
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
@@ -87,7 +87,7 @@ def test_trains_a_mixture_of_experts(setup: tuple[Path, Path]) -> None:
     out = train_lm(run, root / "moe", root, progress=False)
     losses = [h["loss"] for h in out.history]
     assert losses[-1] < losses[0]
-    assert load_bundle(root / "moe" / "checkpoint").model.config.n_experts == 4
+    assert load(root / "moe" / "checkpoint").model.config.ffn.n_experts == 4
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "paper"])
@@ -120,8 +120,8 @@ def test_compiled_training_matches_eager(setup: tuple[Path, Path]) -> None:
     eager = train_lm(load_run_config(cfg_path, settings), root / "eager", root, progress=False)
     losses = [h["loss"] for h in eager.history]
     assert [h["loss"] for h in compiled.history] == pytest.approx(losses, rel=1e-4)
-    a = load_bundle(root / "eager" / "checkpoint").model.state_dict()
-    b = load_bundle(root / "compiled" / "checkpoint").model.state_dict()
+    a = load(root / "eager" / "checkpoint").model.state_dict()
+    b = load(root / "compiled" / "checkpoint").model.state_dict()
     assert a.keys() == b.keys()  # no torch.compile wrapper prefix in the saved names
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-5, msg=name)

@@ -12,8 +12,8 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+from aiayn.checkpoint import load
 from aiayn.cli import main
-from aiayn.interop.hf_folder import load_checkpoint
 from aiayn.nn.context import Record
 from aiayn.train.config import load_run_config
 from aiayn.train.masked_lm import IGNORE, MaskedLMTask, mask_tokens, train_masked_lm
@@ -61,7 +61,7 @@ def run_config(root: Path, folder: Path) -> Path:
 
 def test_the_loss_is_transformers_masked_lm_loss(bert: Path, tmp_path: Path) -> None:
     run = load_run_config(run_config(tmp_path, bert))
-    bundle = load_checkpoint(bert)
+    bundle = load(bert)
     from aiayn.data.lm_data import TokenStream
 
     stream = TokenStream.from_text(TEXT, bundle.tokenizer, seed=0)
@@ -109,7 +109,7 @@ def test_fine_tuning_learns_resumes_and_converts_back(bert: Path, tmp_path: Path
     ckpt, out = tmp_path / "full" / "checkpoint", tmp_path / "hf"
     assert main(["convert", "--to-hf", "bert", "--checkpoint", str(ckpt), "--out", str(out)]) == 0
     hf = transformers.BertForMaskedLM.from_pretrained(out).eval()
-    ours = load_checkpoint(ckpt)
+    ours = load(ckpt)
     ids = torch.tensor([ours.tokenizer.encode("a dog runs across the meadow")])
     with torch.no_grad():
         torch.testing.assert_close(ours.model.eval()(ids), hf(input_ids=ids).logits,

@@ -52,7 +52,7 @@ def test_train_resume_average_translate(
     assert [s.name for s in snaps] == ["step_000000005", "step_000000006"]  # the end of the run
     assert (snaps[-1] / "tokenizer.json").is_file()  # snapshots translate on their own
     avg = average_checkpoints(snaps)
-    a, b = aiayn.load(snaps[0]), aiayn.load(snaps[1])
+    a, b = aiayn.load_model(snaps[0]), aiayn.load_model(snaps[1])
     name = "encoder.blocks.0.ffn.w1.weight"
     torch.testing.assert_close(
         dict(avg.named_parameters())[name],
@@ -155,7 +155,10 @@ def test_two_torchrun_processes_match_one_process(
     assert losses("two") == pytest.approx(losses("one"), rel=1e-4)
     state = json.loads((tmp_path / "two" / "checkpoint" / "run.json").read_text())
     assert state["train"]["grad_accum"] == 1
-    a, b = aiayn.load(tmp_path / "one" / "checkpoint"), aiayn.load(tmp_path / "two" / "checkpoint")
+    a, b = (
+        aiayn.load_model(tmp_path / "one" / "checkpoint"),
+        aiayn.load_model(tmp_path / "two" / "checkpoint"),
+    )
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 

@@ -10,8 +10,8 @@ from aiayn.nn.positions.sinusoidal import SinusoidalPositions, sinusoidal_table
 
 
 def build_positions(config: ModelConfig) -> PositionScheme:
-    """The scheme ``config.positional`` names."""
-    scheme: PositionScheme = registry.resolve("positional", config.positional)(config)
+    """The scheme ``config.positions.scheme`` names."""
+    scheme: PositionScheme = registry.resolve("positional", config.positions.scheme)(config)
     return scheme
 
 

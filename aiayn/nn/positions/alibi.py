@@ -49,7 +49,7 @@ class ALiBi(PositionScheme):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
+        self.register_buffer("slopes", alibi_slopes(config.attention.n_heads), persistent=False)
 
     def state(self, q_positions: Tensor, k_positions: Tensor) -> PositionState:
         return _Bias(self.slopes, q_positions, k_positions)

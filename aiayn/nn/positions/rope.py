@@ -68,9 +68,8 @@ class RotaryPositions(PositionScheme):
         super().__init__(config)
         if config.head_dim % 2:
             raise ValueError(f"rotary positions need an even head size, got {config.head_dim}")
-        self.rotary = RotaryEmbedding(
-            config.head_dim, config.max_len, config.rope_base, config.rope_scaling
-        )
+        p = config.positions
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_len, p.rope_base, p.rope_scaling)
 
     def state(self, q_positions: Tensor, k_positions: Tensor) -> PositionState:
         # New keys sit at the query positions; cached keys were rotated when they were new.

@@ -1,0 +1,70 @@
+"""Run configs (aiayn/train/config.py): the [model] table and ``model.*`` overrides name a
+setting in any spelling -- a field, a sub-config's table, dotted, or the flat name of older
+configs -- and an override wins over the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import aiayn
+from aiayn.config import AttentionConfig
+from aiayn.train.config import load_run_config
+
+
+def _write(tmp_path: Path, model: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(f'[model]\npreset = "gpt2-small"\n{model}\n[train]\nmax_steps = 2\n')
+    return path
+
+
+def test_flat_and_nested_model_tables_read_alike(tmp_path: Path) -> None:
+    flat = load_run_config(_write(tmp_path, "n_heads = 4\nn_kv_heads = 2\nd_ff = 64\n"))
+    nested = load_run_config(
+        _write(tmp_path, "[model.attention]\nn_heads = 4\nn_kv_heads = 2\n[model.ffn]\nd_ff = 64\n")
+    )
+    dotted = load_run_config(
+        _write(tmp_path, 'attention.n_heads = 4\nattention.n_kv_heads = 2\n"ffn.d_ff" = 64\n')
+    )
+    assert flat.model == nested.model == dotted.model
+    assert flat.model.attention == AttentionConfig(n_heads=4, n_kv_heads=2)
+    assert flat.model.ffn.d_ff == 64 and flat.model.ffn.activation == "gelu_tanh"  # the preset's
+
+
+def test_overrides_win_over_the_file_in_any_spelling(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[model.attention]\nn_heads = 4\n")
+    assert load_run_config(path, {"model.n_heads": 2}).model.attention.n_heads == 2
+    assert load_run_config(path, {"model.attention.n_heads": 3}).model.attention.n_heads == 3
+    assert load_run_config(path, {"model.preset": "llama-style-small"}).model.norm == "rmsnorm"
+
+
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        ("heads = 4\n", r"\[model\] in .*unknown ModelConfig field\(s\) \['heads'\]"),
+        ("[model.attention]\nheads = 4\n", r"\['attention.heads'\]"),
+        ("n_heads = 4\n[model.attention]\nn_heads = 2\n", "attention.n_heads is given twice"),
+        ("[model.attention]\nn_heads = 0\n", "AttentionConfig.n_heads=0 is invalid"),
+    ],
+)
+def test_bad_model_settings_are_named(tmp_path: Path, model: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_run_config(_write(tmp_path, model))
+
+
+def test_fine_tuning_compares_settings_by_any_name(tmp_path: Path) -> None:
+    base = aiayn.build_model("gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16,
+                             vocab_size=32, max_len=8)  # fmt: skip
+    aiayn.save(base, tmp_path / "base")
+    path = tmp_path / "tune.toml"
+    head = f'[model]\ninit_from = "{tmp_path / "base"}"\n'
+    path.write_text(head + 'n_heads = 2\nattention_backend = "reference"\n')
+    tuned = load_run_config(path).model  # n_heads agrees; the backend may change
+    assert tuned.attention.backend == "reference" and tuned.attention.n_heads == 2
+    path.write_text(head + "[model.attention]\nn_heads = 4\n")
+    with pytest.raises(ValueError, match=r"contradicts .*attention.n_heads = 4 \(.* has 2\)"):
+        load_run_config(path)
+    path.write_text(head + 'preset = "gpt2-small"\n')
+    with pytest.raises(ValueError, match="names both preset and init_from"):
+        load_run_config(path)
