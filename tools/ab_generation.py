@@ -2,7 +2,7 @@
 process (a check that a change did not make decoding slower or change its output; not a
 product benchmark).
 
-    python tools/ab_generation.py BEFORE_TREE AFTER_TREE [--rounds 5] [--threads 2]
+    python tools/ab_generation.py BEFORE_TREE AFTER_TREE [--rounds 5] [--threads 2] [--only beam]
 
 Each run builds the same seeded model and decodes: a decoder-only model generates 256 tokens
 greedily after a 32-token prompt (tokens/s), and a Marian-small-shape encoder-decoder (6+6
@@ -49,7 +49,7 @@ torch.manual_seed(0)
 model = aiayn.build_model("paper-base", n_layers=6, d_model=512, n_heads=8, d_ff=2048,
     vocab_size=8000, max_len=256, dropout=0.0).eval()
 src = torch.randint(3, 8000, ({batch}, 16), generator=torch.Generator().manual_seed(1))
-beam = BeamConfig(beam_size=4, alpha=0.6, max_extra=24)  # 16 + 24 = 40 tokens
+beam = BeamConfig(beam_size=4, length_penalty=0.6, max_extra=24)  # 16 + 24 = 40 tokens
 beam_search(model, src[:1, :8], bos=1, eos=2, config=beam, never=(2,))  # warm-up
 t0 = time.perf_counter()
 out = beam_search(model, src, bos=1, eos=2, config=beam, never=(2,))
@@ -82,6 +82,7 @@ def main() -> int:
     ap.add_argument("after")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", help="run only the cases whose name contains this text")
     args = ap.parse_args()
     sys.path.insert(0, args.after)
     from aiayn.device import matmul_gflops
@@ -91,6 +92,8 @@ def main() -> int:
     )
     print(f"{'case / batch':<26}{'before':>24}{'after':>24}{'after/before':>14}  same ids")
     for name, (child, shape, batches, unit) in CASES.items():
+        if args.only and args.only not in name:
+            continue
         for batch in batches:
             code = child.format(shape=shape, batch=batch, threads=args.threads)
             ids: dict[str, set[str]] = {"before": set(), "after": set()}
