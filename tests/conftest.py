@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import aiayn
@@ -102,6 +103,18 @@ eval_batches = 2
 checkpoint_interval = 4
 """
 LM_TEXT = "To be, or not to be, that is the question.\n" * 40
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """The shared data folder with the real Multi30k and Tiny Shakespeare ($AIAYN_DATA, else
+    ../shared/data): tests on real corpora read it; it is there in CI."""
+    from aiayn.data.files import data_dir
+
+    root = data_dir()
+    for need in ("multi30k/train.de.gz", "tinyshakespeare/input.txt"):
+        assert (root / need).is_file(), f"{root / need} is missing: set AIAYN_DATA"
+    return root
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """Training speed of two source trees of aiayn, interleaved in rounds, each run in a fresh
 process (a check that a change did not make training slower; not a product benchmark).
 
-    python tools/ab_training.py BEFORE_TREE AFTER_TREE [--rounds 3] [--data DIR]
+    python tools/ab_training.py BEFORE_TREE AFTER_TREE [--rounds 3] [--data DIR] [--only demo]
 
 Each run is ``python -m aiayn train`` on a config of the AFTER tree for a fixed number of
 steps with the tree on PYTHONPATH, and reads the target tokens/s that the run prints (measured by the
@@ -55,6 +55,7 @@ def main() -> int:
     ap.add_argument("after")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--data", default=os.environ.get("AIAYN_DATA", "../shared/data"))
+    ap.add_argument("--only", help="run only the cases whose name contains this text")
     args = ap.parse_args()
     before, after = str(Path(args.before).resolve()), str(Path(args.after).resolve())
     data = str(Path(args.data).resolve())
@@ -64,6 +65,8 @@ def main() -> int:
     print(f"torch.mm fp32 {matmul_gflops(2048):.0f} GFLOP/s, {args.rounds} rounds")
     print(f"{'case':<36}{'before tok/s':>24}{'after tok/s':>24}{'after/before':>14}")
     for name, (config, overrides) in CASES.items():
+        if args.only and args.only not in name:
+            continue
 
         def measure(which: str, config: str = config, overrides: list[str] = overrides) -> float:
             tree = before if which == "before" else after

@@ -3,8 +3,9 @@
 * :mod:`~aiayn.checkpoint.loader` -- :func:`load`, the one loader: an aiayn checkpoint, a
   training run's folder (its current checkpoint) or a Hugging Face folder, as a
   :class:`Bundle`; what every command, the server and the explorer load through.
-* :mod:`~aiayn.checkpoint.atomic` -- writing a folder so that a crash at any instant loses
-  nothing (temporary folder, fsync, manifest with SHA-256, atomic rename or exchange).
+* :mod:`~aiayn.atomic` (below every layer, since data shards use it too) -- writing a
+  folder so that a crash at any instant loses nothing (temporary folder, fsync, manifest with
+  SHA-256, atomic rename or exchange).
 * :mod:`~aiayn.checkpoint.model` -- a model alone: config.json + model.safetensors
   (:func:`save`, :func:`load_model`).
 * :mod:`~aiayn.checkpoint.bundle` -- a model with its tokenizer and run config, as every

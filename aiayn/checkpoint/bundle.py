@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint.atomic import write_atomically
+from aiayn.atomic import write_atomically
 from aiayn.checkpoint.model import (
     CONFIG_FILE,
     checked_folder,

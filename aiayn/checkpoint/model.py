@@ -7,7 +7,7 @@ A saved model is a folder::
                        sharded training checkpoint (aiayn/checkpoint/sharded.py)
     manifest.json      every file's size and SHA-256, checked when the folder is loaded
 
-The folder is written by :func:`aiayn.checkpoint.atomic.write_atomically`: a crash leaves the
+The folder is written by :func:`aiayn.atomic.write_atomically`: a crash leaves the
 old folder or the new one, never half of one, and a damaged file is named when loading.
 
 :func:`save` and :func:`load_model` are the pair for a model alone (``aiayn.save``,
@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model as read_weights
 from safetensors.torch import save_model
 
-from aiayn.checkpoint.atomic import recover, verify_manifest, write_atomically
+from aiayn.atomic import recover, verify_manifest, write_atomically
 from aiayn.checkpoint.sharded import is_sharded_checkpoint, load_model_weights
 from aiayn.config import ModelConfig
 from aiayn.models import TransformerModel, build_model

@@ -13,7 +13,7 @@
 A checkpoint is committed in steps, each of which leaves a usable run behind:
 
 1. the folder ``checkpoints/step_N`` is written under a temporary name, flushed to disk with a
-   manifest of sizes and SHA-256s, and renamed into place (aiayn/checkpoint/atomic.py);
+   manifest of sizes and SHA-256s, and renamed into place (aiayn/atomic.py);
 2. a new symlink is made beside ``checkpoint`` and renamed over it -- one atomic switch;
 3. the run folder is flushed, and only then are older checkpoints deleted.
 
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from aiayn.checkpoint.atomic import (
+from aiayn.atomic import (
     OLD_MARK,
     TMP_MARK,
     begin_folder,
@@ -182,7 +182,7 @@ class RunDir:
     def _put_back_replaced(self) -> list[str]:
         """A folder being replaced where ``renameat2(RENAME_EXCHANGE)`` is missing is renamed
         aside (``.NAME.old-PID``) first: put it back if a kill came before the new one took
-        its name, else remove it (aiayn/checkpoint/atomic.py)."""
+        its name, else remove it (aiayn/atomic.py)."""
         done: list[str] = []
         for folder in (self.checkpoints, self.snapshots):
             if not folder.is_dir():

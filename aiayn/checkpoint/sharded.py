@@ -10,7 +10,7 @@ whenever the model is sharded) a checkpoint folder holds::
 
 DCP records which slice of every tensor each file holds, so the folder loads on any number of
 processes -- one process reads whole tensors, N processes read their new shards -- and on any
-device.  The folder is committed like any other (aiayn/checkpoint/atomic.py): rank 0 makes the
+device.  The folder is committed like any other (aiayn/atomic.py): rank 0 makes the
 temporary folder, every rank writes its shard into it, rank 0 adds the rest and the manifest
 (which covers the shards) and renames it into place.
 

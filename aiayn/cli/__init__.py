@@ -1,6 +1,6 @@
 """The ``aiayn`` command.  Thin: every subcommand is a call into the library.
 
-One module per group of commands (models, training, decoding, servers, pictures), each with the
+One module per group of commands (models, data, training, decoding, servers, pictures), each with the
 commands and their arguments; the helpers they share are in ``common``."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from aiayn.cli import decoding, models, pictures, servers, training
+from aiayn.cli import data, decoding, models, pictures, servers, training
 from aiayn.cli.common import _overrides
 
 __all__ = ["_overrides", "build_parser", "main"]
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         " decoding or training measured and took; AIAYN_CPU_KERNELS=off turns them off)",
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (models, training, decoding, pictures, servers):
+    for group in (models, data, training, decoding, pictures, servers):
         group.add_parsers(sub)
     return parser
 

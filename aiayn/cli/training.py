@@ -167,13 +167,20 @@ def _evaluate_images(model: object, run: dict[str, object]) -> int:
 def _evaluate_translation(
     args: argparse.Namespace, model: EncoderDecoder, tokenizer: object, data: dict[str, object]
 ) -> int:
-    from aiayn.data.parallel import multi30k
+    from aiayn.data.parallel import multi30k, read_parallel
     from aiayn.evaluate.translation import evaluate_translation
 
     if not isinstance(tokenizer, BPETokenizer | MarianTokenizer):
         raise ValueError("a translation checkpoint needs a BPE or Marian tokenizer")
     src_lang, tgt_lang = str(data.get("source_lang", "de")), str(data.get("target_lang", "en"))
-    pairs = multi30k(data_dir(args.data) / "multi30k", args.split, src_lang, tgt_lang)
+    if bool(args.source) != bool(args.reference):
+        raise ValueError("--source and --reference go together: a test set's two files")
+    if args.source:  # a test set of one's own (newstest2014 from aiayn download)
+        pairs = read_parallel(args.source, args.reference)
+        name = f"{args.source} -> {args.reference}"
+    else:
+        pairs = multi30k(data_dir(args.data) / "multi30k", args.split, src_lang, tgt_lang)
+        name = f"{args.split} {src_lang}->{tgt_lang}"
     if args.limit is not None:
         if args.limit < 1:
             raise ValueError(f"--limit {args.limit}: score at least 1 sentence")
@@ -185,7 +192,7 @@ def _evaluate_translation(
     if args.output:
         Path(args.output).write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
     mode = "greedy" if args.greedy else f"beam {args.beam}, alpha {args.alpha}"
-    print(f"{args.split} {src_lang}->{tgt_lang}, {len(pairs)} sentences, {mode}: {scores}")
+    print(f"{name}, {len(pairs)} sentences, {mode}: {scores}")
     print(f"decoding: {seconds:.1f} s, {len(pairs) / seconds:.1f} sentences/s")
     return 0
 
@@ -253,6 +260,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--block", type=int, default=None)
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (translation)")
+    p.add_argument("--source", default=None, help="a test set's source file (translation)")
+    p.add_argument("--reference", default=None, help="... and its reference translations")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--output", default=None, help="write the translations to this file")
     _add_decoding(p)

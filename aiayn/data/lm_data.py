@@ -12,24 +12,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from aiayn.data.files import read_text
+from aiayn.data.shards import Mapped
 from aiayn.data.tokenizer import Tokenizer
 
 
 class TokenStream:
-    def __init__(self, tokens: Tensor, *, train_fraction: float = 0.9, seed: int = 0) -> None:
+    """A token stream split into training and validation by position: in memory (numpy or
+    torch), or mapped from shards (``mapped``, whose touched pages it hands back as it
+    reads)."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray | Tensor,
+        *,
+        train_fraction: float = 0.9,
+        seed: int = 0,
+        mapped: Mapped | None = None,
+    ) -> None:
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction={train_fraction} must be in (0, 1)")
-        n = int(len(tokens) * train_fraction)
-        self.splits = {"train": tokens[:n], "val": tokens[n:]}
+        data = tokens.numpy() if isinstance(tokens, Tensor) else tokens
+        n = int(len(data) * train_fraction)
+        self.splits = {"train": data[:n], "val": data[n:]}
         self.generator = torch.Generator().manual_seed(seed)
+        self.mapped = mapped
 
     @classmethod
     def from_text(cls, text: str, tokenizer: Tokenizer, **kw: float | int) -> TokenStream:
-        return cls(torch.tensor(tokenizer.encode(text), dtype=torch.long), **kw)  # type: ignore[arg-type]
+        return cls(np.asarray(tokenizer.encode(text), dtype=np.int64), **kw)  # type: ignore[arg-type]
 
     @classmethod
     def from_file(cls, path: str | Path, tokenizer: Tokenizer, **kw: float | int) -> TokenStream:
@@ -58,5 +73,7 @@ class TokenStream:
         g = self.generator if generator is None else generator
         starts = torch.randint(len(data) - block - 1, (batch_size,), generator=g)  # (B,)
         offsets = starts[:, None] + torch.arange(block + 1)  # (B, T+1)
-        window = data[offsets]
+        window = torch.from_numpy(data[offsets.numpy()].astype(np.int64))
+        if self.mapped is not None:
+            self.mapped.note_read(batch_size)
         return window[:, :-1], window[:, 1:]

@@ -4,19 +4,17 @@ Multi30k (Elliott et al., 2016), task 1: English image captions with German and 
 translations -- 29,000 training pairs, 1,014 validation, 1,000 in ``test_2016_flickr``.  The
 files are read from the data folder (``$AIAYN_DATA/multi30k``); when absent they are
 downloaded once from the dataset's public repository into that folder, each verified against
-its SHA-256 checksum below (a mismatch deletes the download and raises).
+its SHA-256 checksum below (aiayn/data/download.py: a mismatch deletes the download and
+raises; a broken download resumes).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import tempfile
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiayn.data.download import Remote, fetch
 from aiayn.data.files import read_lines
 
 SPLITS = ("train", "val", "test_2016_flickr")
@@ -61,32 +59,6 @@ def read_parallel(source: str | os.PathLike[str], target: str | os.PathLike[str]
     ]
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def download(url: str, dest: Path, expected_sha256: str, *, timeout: float = 60.0) -> Path:
-    """Fetch ``url`` to ``dest`` (atomically), verifying its SHA-256; return ``dest``."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-            shutil.copyfileobj(resp, out)
-        got = sha256(tmp)
-        if got != expected_sha256:
-            raise ValueError(f"checksum mismatch for {url}: expected {expected_sha256}, got {got}")
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return dest
-
-
 def multi30k_file(root: Path, split: str, lang: str, *, allow_download: bool = True) -> Path:
     """Path of one Multi30k file under ``root`` (downloaded and verified if missing)."""
     if split not in SPLITS:
@@ -101,7 +73,7 @@ def multi30k_file(root: Path, split: str, lang: str, *, allow_download: bool = T
         raise ValueError(f"Multi30k file {path} is missing (downloads disabled)")
     if name not in MULTI30K_SHA256:
         raise ValueError(f"Multi30k file {path} is missing and no checksum is known for it")
-    return download(MULTI30K_URL.format(name=name), path, MULTI30K_SHA256[name])
+    return fetch(Remote(MULTI30K_URL.format(name=name), MULTI30K_SHA256[name]), root)
 
 
 def multi30k(

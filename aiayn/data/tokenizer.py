@@ -4,6 +4,7 @@ the class labels of an image classifier."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -75,7 +76,9 @@ class BPETokenizer:
         return cls.from_lines(text.splitlines(keepends=True), vocab_size)
 
     @classmethod
-    def from_lines(cls, lines: list[str], vocab_size: int) -> BPETokenizer:
+    def from_lines(cls, lines: Iterable[str], vocab_size: int) -> BPETokenizer:
+        """Byte-level BPE trained on ``lines`` (any iterable: a stream of a corpus's lines is
+        never held whole)."""
         from aiayn.data.bpe import train_bpe
 
         return cls(train_bpe(lines, vocab_size=vocab_size))

@@ -38,7 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from aiayn.checkpoint.atomic import write_atomically
+from aiayn.atomic import write_atomically
 from aiayn.checkpoint.bundle import Bundle, save_bundle
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer

@@ -132,6 +132,9 @@ class DataConfig:
 
     Language models read ``text``.  Translation reads Multi30k (``source_lang`` ->
     ``target_lang``) unless ``train_source`` etc. name line-aligned files of your own.
+    ``shards`` names token shards made by ``aiayn preprocess`` instead (a folder, relative to
+    the data folder or absolute): the run then reads its tokens and tokenizer from there, and
+    the files and tokenizer settings above are not used.
     """
 
     text: str = "tinyshakespeare/input.txt"
@@ -144,6 +147,7 @@ class DataConfig:
     train_target: str | None = None
     valid_source: str | None = None
     valid_target: str | None = None
+    shards: str | None = None
     images: str = "digits"  # an image model's dataset (aiayn/data/images.py)
     test_fraction: float = 0.2  # ... held out from training: the test set
     seed: int = 0  # ... of its stratified train / validation / test split

@@ -14,7 +14,9 @@ import torch
 
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
-from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
+from aiayn.data.preprocess import tokenizer_digest
+from aiayn.data.shards import TOKENIZER_FILE, open_text
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
 from aiayn.evaluate.perplexity import evaluate_lm, lm_loss
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.context import Record
@@ -80,6 +82,50 @@ def token_stream(run: RunConfig, text: str, tokenizer: Tokenizer) -> TokenStream
     return stream
 
 
+class PlainText:
+    """A run's text from a plain file (``[data] text``), read and tokenized at every start."""
+
+    def __init__(self, run: RunConfig, data_root: Path) -> None:
+        self.run, self.text = run, read_text(data_root / run.data.text)
+
+    def tokenizer(self) -> Tokenizer:
+        return _tokenizer(self.run, self.text)
+
+    def stream(self, tokenizer: Tokenizer) -> TokenStream:
+        return token_stream(self.run, self.text, tokenizer)
+
+
+class TextShards:
+    """A run's text from the token shards ``[data] shards`` names (``aiayn preprocess``):
+    the stream is mapped, the tokenizer the shards' own."""
+
+    def __init__(self, run: RunConfig, folder: Path) -> None:
+        self.run, self.folder = run, folder
+        self.header, self.mapped = open_text(folder)
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.folder / TOKENIZER_FILE)
+
+    def stream(self, tokenizer: Tokenizer) -> TokenStream:
+        if tokenizer_digest(tokenizer) != self.header["tokenizer_sha256"]:
+            raise ValueError(
+                f"the shards in {self.folder} were made with another tokenizer than this run's:"
+                " preprocess the text again with the run's tokenizer (--tokenizer)"
+            )
+        stream = TokenStream(self.mapped.array, train_fraction=self.run.data.train_fraction,
+                             seed=self.run.train.seed, mapped=self.mapped)  # fmt: skip
+        stream.require(self.run.train.block_size)
+        return stream
+
+
+def lm_corpus(run: RunConfig, data_root: Path) -> PlainText | TextShards:
+    """Where a language model's text comes from: token shards when ``[data] shards`` is set,
+    else the plain file ``[data] text``."""
+    if run.data.shards is not None:
+        return TextShards(run, data_root / run.data.shards)
+    return PlainText(run, data_root)
+
+
 def initial_model(run: RunConfig, block_size: int) -> tuple[TransformerModel, Tokenizer]:
     """The model and tokenizer a fine-tuning run starts from (``run.init_from``, an HF folder
     or an aiayn checkpoint; nanoGPT's ``init_from``): its weights in fp32 in a model built from
@@ -110,19 +156,19 @@ def train_lm(
 ) -> FitResult:
     """Train (or resume) a decoder-only language model on a text file."""
     tc = run.train
-    text = read_text(data_root / run.data.text)
+    corpus = lm_corpus(run, data_root)
 
     def build() -> tuple[TransformerModel, Tokenizer]:
         if run.init_from is not None:
             return initial_model(run, tc.block_size)
-        tokenizer = _tokenizer(run, text)
+        tokenizer = corpus.tokenizer()
         cfg = run.model.replace(
             vocab_size=tokenizer.vocab_size, max_len=max(run.model.max_len, tc.block_size)
         )
         return build_model(cfg), tokenizer
 
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> LMTask:
-        stream = token_stream(run, text, tokenizer)
+        stream = corpus.stream(tokenizer)
         return LMTask(
             stream, batch_size=tc.batch_size, block=tc.block_size, eval_batches=tc.eval_batches
         )

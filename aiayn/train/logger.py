@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from aiayn.checkpoint.atomic import fsync_path
+from aiayn.atomic import fsync_path
 
 COLUMNS = ["step", "loss", "lr", "val_loss", "tokens_per_s", "val_ppl"]
 

@@ -20,14 +20,13 @@ from typing import Any
 
 import torch
 
-from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.generate.encoder import mask_id
 from aiayn.models import EncoderLM, TransformerModel
 from aiayn.nn.context import Record
 from aiayn.train.config import RunConfig
-from aiayn.train.lm import initial_model, token_stream
+from aiayn.train.lm import initial_model, lm_corpus
 from aiayn.train.loop import FitResult, train_run
 
 MASK_RATE, AS_MASK, AS_RANDOM = 0.15, 0.8, 0.1
@@ -132,7 +131,7 @@ def train_masked_lm(
             " BERT-family folder (its tokenizer has the [MASK] token, its model the MLM head)"
         )
     tc = run.train
-    text = read_text(data_root / run.data.text)
+    corpus = lm_corpus(run, data_root)
 
     def build() -> tuple[TransformerModel, Tokenizer]:
         model, tokenizer = initial_model(run, tc.block_size)
@@ -144,7 +143,7 @@ def train_masked_lm(
 
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> MaskedLMTask:
         assert isinstance(tokenizer, BPETokenizer)
-        stream = token_stream(run, text, tokenizer)
+        stream = corpus.stream(tokenizer)
         return MaskedLMTask(stream, tokenizer, vocab_size=model.config.vocab_size,
                             batch_size=tc.batch_size, block=tc.block_size,
                             eval_batches=tc.eval_batches, seed=tc.seed)  # fmt: skip

@@ -14,12 +14,22 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from aiayn.data.batching import pad, padding_fraction, token_batches
+from aiayn.data.batching import pad, padding_fraction, plan_batches
 from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.parallel import Pair, multi30k, read_parallel
-from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.data.preprocess import tokenizer_digest
+from aiayn.data.shards import (
+    TOKENIZER_FILE,
+    ParallelSplit,
+    Sequences,
+    open_parallel,
+    padded,
+    token_dtype,
+)
+from aiayn.data.tokenizer import BPETokenizer, Tokenizer, load_tokenizer
 from aiayn.evaluate.perplexity import translation_loss
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.context import Record
@@ -51,8 +61,36 @@ def collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.
     return src, tgt[:, :-1], tgt[:, 1:]
 
 
+def collate_split(
+    split: ParallelSplit, indices: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`collate` of the pairs at ``indices``, read from their token sequences."""
+    src = padded(split.source.rows(indices), PAD, suffix=EOS)  # (B, S)
+    tgt = padded(split.target.rows(indices), PAD, prefix=BOS, suffix=EOS)  # (B, T + 1)
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+def pair_lengths(split: ParallelSplit) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) source and target lengths as a batch counts them: source + EOS, target + one of
+    BOS/EOS (the decoder's input or its target)."""
+    src, tgt = split.source.lengths(), split.target.lengths()
+    src += 1  # in place: no second copy of millions of lengths (uint16 holds the +1)
+    tgt += 1
+    return src, tgt
+
+
+def longest_pair(split: ParallelSplit) -> int:
+    """The longest sentence of the split, in tokens with BOS/EOS (the target has both)."""
+    s, t = pair_lengths(split)
+    return max(int(s.max()), int(t.max()) + 1)
+
+
 class TranslationTask:
-    """Epochs of shuffled token-count batches; the data position is (epoch, batch index)."""
+    """Epochs of shuffled token-count batches; the data position is (epoch, batch index).
+
+    The pairs are token sequences (aiayn/data/shards.py), mapped from shards or held in
+    memory: planning an epoch reads only their lengths, and a batch reads only its own pairs.
+    """
 
     @property
     def linear_rows(self) -> int:
@@ -61,39 +99,38 @@ class TranslationTask:
 
     def __init__(
         self,
-        train: list[Example],
-        valid: list[Example],
+        train: ParallelSplit,
+        valid: ParallelSplit,
         *,
         max_tokens: int,
         label_smoothing: float,
         seed: int,
     ) -> None:
-        if not train:
+        if not len(train):
             raise ValueError("no training pairs")
-        if not valid:
+        if not len(valid):
             raise ValueError("no validation pairs")
         self.train, self.valid = train, valid
-        self.lengths = [(len(s), len(t) - 1) for s, t in train]
+        self.lengths = pair_lengths(train)
         self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
         self.epoch, self.index = 0, 0
-        self.batches = token_batches(self.lengths, max_tokens, seed=seed, epoch=0)
-        valid_lengths = [(len(s), len(t) - 1) for s, t in valid]
-        self.valid_batches = (
-            token_batches(valid_lengths, max_tokens, shuffle=False) if valid else []
-        )
+        self.batches = plan_batches(self.lengths, max_tokens, seed=seed, epoch=0)
+        self.valid_batches = list(plan_batches(pair_lengths(valid), max_tokens, shuffle=False))
 
-    def _next(self) -> list[int]:
+    def _next(self) -> np.ndarray:
         if self.index >= len(self.batches):
             self.epoch, self.index = self.epoch + 1, 0
-            self.batches = token_batches(
+            self.batches = plan_batches(
                 self.lengths, self.max_tokens, seed=self.seed, epoch=self.epoch
             )
         self.index += 1
         return self.batches[self.index - 1]
 
     def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
+        """This rank's ``n`` batches: every rank plans all ``n × world`` (lengths only) and
+        reads the tokens of its own."""
         every = [self._next() for _ in range(n * world)]
-        return [collate([self.train[i] for i in b]) for b in every[rank * n : (rank + 1) * n]]
+        return [collate_split(self.train, b) for b in every[rank * n : (rank + 1) * n]]
 
     def loss(self, model: torch.nn.Module, batch: Any, record: Record) -> tuple[torch.Tensor, int]:
         src, tgt_in, tgt_out = batch
@@ -105,7 +142,7 @@ class TranslationTask:
     def evaluate(self, model: TransformerModel) -> float:
         """Validation cross entropy (no smoothing) in nats per target token."""
         assert isinstance(model, EncoderDecoder)
-        batches = [collate([self.valid[i] for i in b]) for b in self.valid_batches]
+        batches = (collate_split(self.valid, b) for b in self.valid_batches)
         return translation_loss(model, batches, pad_id=PAD)
 
     def data_state(self) -> dict[str, Any]:
@@ -113,9 +150,89 @@ class TranslationTask:
 
     def load_data_state(self, state: dict[str, Any]) -> None:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
-        self.batches = token_batches(
-            self.lengths, self.max_tokens, seed=self.seed, epoch=self.epoch
-        )
+        self.batches = plan_batches(self.lengths, self.max_tokens, seed=self.seed, epoch=self.epoch)
+
+
+class PlainFiles:
+    """A run's pairs from plain files (Multi30k or ``[data] train_source`` etc.), read whole:
+    the BPE vocabulary is trained on both sides of the training pairs, and every pair
+    encoded, at every start.  For small corpora; large ones go through shards."""
+
+    def __init__(self, run: RunConfig, data_root: Path) -> None:
+        self.run = run
+        self.pairs = {split: load_pairs(run, data_root, split) for split in ("train", "val")}
+
+    def tokenizer(self) -> BPETokenizer:
+        train = self.pairs["train"]
+        lines = [p.source for p in train] + [p.target for p in train]
+        return BPETokenizer.from_lines(lines, self.run.data.bpe_vocab_size)
+
+    def splits(self, tokenizer: BPETokenizer, max_len: int) -> tuple[ParallelSplit, ParallelSplit]:
+        """Both splits encoded; a pair over ``max_len`` tokens is an error naming its line."""
+        dtype = token_dtype(tokenizer.vocab_size)
+        out = []
+        for split, name in (("train", "training"), ("val", "validation")):
+            pairs = self.pairs[split]
+            src = [tokenizer.encode(p.source) for p in pairs]
+            tgt = [tokenizer.encode(p.target) for p in pairs]
+            for s, t, p in zip(src, tgt, pairs, strict=True):
+                if max(len(s) + 1, len(t) + 2) > max_len:
+                    side, n = (
+                        ("source", len(s) + 1) if len(s) + 1 > max_len else ("target", len(t) + 2)
+                    )
+                    raise ValueError(
+                        f"the {name} pair at line {p.line} has a {side} sentence of {n}"
+                        f" tokens, more than the model's max_len={max_len}: raise"
+                        " model.max_len, or drop such pairs"
+                    )
+            out.append(
+                ParallelSplit(Sequences.from_lists(src, dtype), Sequences.from_lists(tgt, dtype))
+            )
+        return out[0], out[1]
+
+
+class TokenShards:
+    """A run's pairs from the token shards ``[data] shards`` names (``aiayn preprocess``):
+    its tokenizer is the shards' own, its pairs are mapped, nothing is read whole."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.header, self.mapped = open_parallel(folder)
+        for split in ("train", "valid"):
+            if split not in self.mapped:
+                raise ValueError(f"{folder} has no {split} split: make it with aiayn preprocess")
+
+    def tokenizer(self) -> BPETokenizer:
+        tok = load_tokenizer(self.folder / TOKENIZER_FILE)
+        if not isinstance(tok, BPETokenizer):
+            raise ValueError(f"{self.folder}: a translation run needs a BPE tokenizer")
+        return tok
+
+    def splits(self, tokenizer: BPETokenizer, max_len: int) -> tuple[ParallelSplit, ParallelSplit]:
+        """The mapped splits, checked against the run: made by ``tokenizer`` (a resumed run's
+        own) and no pair over ``max_len`` tokens."""
+        if tokenizer_digest(tokenizer) != self.header["tokenizer_sha256"]:
+            raise ValueError(
+                f"the shards in {self.folder} were made with another tokenizer than this run's:"
+                " preprocess again with the run's tokenizer, or start a new run"
+            )
+        for split, info in self.header["splits"].items():
+            longest = max(info["source"]["longest"] + 1, info["target"]["longest"] + 2)
+            if longest > max_len:
+                raise ValueError(
+                    f"the {split} shards in {self.folder} hold a pair of {longest} tokens (with"
+                    f" BOS/EOS), more than the model's max_len={max_len}: raise model.max_len,"
+                    f" or preprocess with --max-len {max_len}"
+                )
+        return self.mapped["train"], self.mapped["valid"]
+
+
+def corpus(run: RunConfig, data_root: Path) -> PlainFiles | TokenShards:
+    """Where a translation run's pairs come from: token shards when ``[data] shards`` is set
+    (relative to the data folder, or absolute), else plain files."""
+    if run.data.shards is not None:
+        return TokenShards(data_root / run.data.shards)
+    return PlainFiles(run, data_root)
 
 
 def train_translation(
@@ -130,14 +247,10 @@ def train_translation(
 ) -> FitResult:
     """Train (or resume) an encoder-decoder on parallel text."""
     tc = run.train
-    train_pairs, valid_pairs = (
-        load_pairs(run, data_root, "train"),
-        load_pairs(run, data_root, "val"),
-    )
+    data = corpus(run, data_root)
 
     def build() -> tuple[TransformerModel, Tokenizer]:
-        lines = [p.source for p in train_pairs] + [p.target for p in train_pairs]
-        tokenizer = BPETokenizer.from_lines(lines, run.data.bpe_vocab_size)
+        tokenizer = data.tokenizer()
         return build_model(
             run.model.replace(vocab_size=tokenizer.vocab_size, pad_id=PAD)
         ), tokenizer
@@ -145,25 +258,11 @@ def train_translation(
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> TranslationTask:
         if not isinstance(tokenizer, BPETokenizer):
             raise ValueError("a translation checkpoint needs a BPE tokenizer")
-        train, valid = encode_pairs(train_pairs, tokenizer), encode_pairs(valid_pairs, tokenizer)
-        limit = model.config.max_len
-        for split, pairs, texts in (
-            ("training", train, train_pairs),
-            ("validation", valid, valid_pairs),
-        ):
-            for (s, t), text in zip(pairs, texts, strict=True):
-                if max(len(s), len(t)) > limit:
-                    side, n = ("source", len(s)) if len(s) > limit else ("target", len(t))
-                    raise ValueError(
-                        f"the {split} pair at line {text.line} has a {side} sentence of {n}"
-                        f" tokens, more than the model's max_len={limit}: raise"
-                        " model.max_len, or drop such pairs"
-                    )
-        longest = max(max(len(s), len(t)) for s, t in train + valid)
+        train, valid = data.splits(tokenizer, model.config.max_len)
         return TranslationTask(
             train,
             valid,
-            max_tokens=tc.max_tokens or tc.batch_size * longest,
+            max_tokens=tc.max_tokens or tc.batch_size * max(map(longest_pair, (train, valid))),
             label_smoothing=tc.label_smoothing,
             seed=tc.seed,
         )

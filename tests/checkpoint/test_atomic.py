@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.checkpoint import atomic
+from aiayn import atomic
 
 
 def fill_with(text: str):  # type: ignore[no-untyped-def]
@@ -87,7 +87,7 @@ def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
 KILLED_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from aiayn.checkpoint import atomic
+from aiayn import atomic
 
 target, point, no_exchange = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 if no_exchange:

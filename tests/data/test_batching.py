@@ -23,3 +23,46 @@ def test_batch_shapes_walk_the_epochs_a_run_draws() -> None:
     assert list(batch_shapes(lengths, 120, seed=3, batches=n)) == want[:n]
     with pytest.raises(ValueError, match="empty"):
         list(batch_shapes([], 120, seed=3, batches=1))
+
+
+def greedy_batches(lengths: list[tuple[int, int]], max_tokens: int, seed: int, epoch: int,
+                   shuffle: bool) -> list[list[int]]:  # fmt: skip
+    """The batching rule written out, one sentence at a time (the oracle): sort by (source,
+    target, a random tie), grow a batch while its size times its longest side fits."""
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    tie = torch.rand(len(lengths), generator=g).tolist() if shuffle else [0.0] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0], lengths[i][1], tie[i]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    ls = lt = 0
+    for i in order:
+        s, t = lengths[i]
+        if current and (len(current) + 1) * max(ls, s, lt, t) > max_tokens:
+            batches.append(current)
+            current, ls, lt = [], 0, 0
+        current.append(i)
+        ls, lt = max(ls, s), max(lt, t)
+    batches.append(current)
+    if shuffle:
+        batches = [batches[p] for p in torch.randperm(len(batches), generator=g).tolist()]
+    return batches
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_the_vectorised_plan_is_the_rule_written_out(trial: int) -> None:
+    """Random lengths with many ties (short ranges), budgets from tight to loose, shuffled
+    and not: the same batches, in the same order, as the sentence-by-sentence rule."""
+    import numpy as np
+
+    from aiayn.data.batching import plan_batches
+
+    g = torch.Generator().manual_seed(trial)
+    n = int(torch.randint(1, 4000, (1,), generator=g))
+    hi = int(torch.randint(2, 80, (1,), generator=g))
+    lengths = [(int(a), int(b)) for a, b in torch.randint(1, hi, (n, 2), generator=g)]
+    budget = int(torch.randint(hi, 700, (1,), generator=g))
+    for shuffle in (True, False):
+        want = greedy_batches(lengths, budget, trial, trial % 3, shuffle)
+        arrays = tuple(np.asarray(side, dtype=np.uint16) for side in zip(*lengths, strict=True))
+        plan = plan_batches(arrays, budget, seed=trial, epoch=trial % 3, shuffle=shuffle)  # type: ignore[arg-type]
+        assert plan.lists() == want

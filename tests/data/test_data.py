@@ -3,9 +3,7 @@ download, tokenizers and token streams."""
 
 from __future__ import annotations
 
-import http.server
 import math
-import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import torch
 from aiayn.data.batching import padding_fraction, token_batches
 from aiayn.data.files import split_lines
 from aiayn.data.lm_data import TokenStream
-from aiayn.data.parallel import download, read_parallel, sha256
+from aiayn.data.parallel import read_parallel
 from aiayn.data.tokenizer import CharTokenizer, load_tokenizer
 
 
@@ -61,26 +59,6 @@ def test_token_batches_respect_the_budget() -> None:
     )
     with pytest.raises(ValueError, match="example 0 has 300"):
         token_batches([(300, 2)], 256)
-
-
-def test_download_verifies_the_checksum(tmp_path: Path) -> None:
-    served = tmp_path / "served"
-    served.mkdir()
-    (served / "file.gz").write_bytes(b"hello multi30k")
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(served), **k)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/file.gz"
-        good = sha256(served / "file.gz")
-        assert download(url, tmp_path / "cache" / "file.gz", good).read_bytes() == b"hello multi30k"
-        with pytest.raises(ValueError, match="checksum mismatch"):
-            download(url, tmp_path / "cache" / "bad.gz", "0" * 64)
-        assert not (tmp_path / "cache" / "bad.gz").exists()
-        assert [p.name for p in (tmp_path / "cache").iterdir()] == ["file.gz"]  # no temp left
-    finally:
-        server.shutdown()
 
 
 def test_char_tokenizer_and_stream(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ in advance -- never at an instant that depends on the host's speed:
     step is logged or checkpointed (K counts from 1 in every process, resumed or not);
 ``NAME:N``
     at the N-th file-system step called NAME of a folder commit in this process
-    (aiayn/checkpoint/atomic.py and run_dir.py: files-written, renamed, exchanged, ...);
+    (aiayn/atomic.py and run_dir.py: files-written, renamed, exchanged, ...);
 ``mid-shard:N``
     in the middle of writing the DCP shard of the N-th checkpoint of this process
     (aiayn/checkpoint/sharded.py): after its first tensors are in the shard file, before the
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch.distributed.checkpoint.filesystem as dcp_fs
 
-from aiayn.checkpoint import atomic
+from aiayn import atomic
 from aiayn.cli import main
 from aiayn.train.step import TrainStep
 

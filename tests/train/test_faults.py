@@ -29,8 +29,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aiayn.checkpoint import RunDir, atomic, load
-from aiayn.checkpoint.atomic import set_fault_hook
+from aiayn import atomic
+from aiayn.atomic import set_fault_hook
+from aiayn.checkpoint import RunDir, load
 from aiayn.checkpoint.run_dir import step_dir_name
 from aiayn.cli import main
 from aiayn.train.config import load_run_config
@@ -312,6 +313,24 @@ def test_sigkill_at_points_drawn_in_advance(setup: tuple[Path, dict[str, torch.T
     assert_same_run(root, out, reference)
 
 
+def test_sigkill_while_training_from_token_shards(
+    setup: tuple[Path, dict[str, torch.Tensor]],
+) -> None:
+    """The same run from token shards (``aiayn preprocess`` of its text, read through mmap):
+    killed at points drawn in advance (another draw), each time resumed, it ends bit for bit
+    at the weights of the uninterrupted run from the plain file."""
+    root, reference = setup
+    shards = root / "shards"
+    made = main(["preprocess", str(root / "run.toml"), "--data", str(root), "--out", str(shards),
+                 "--workers", "1"])  # fmt: skip
+    assert made == 0
+    extra = ["--set", "data.shards=shards"]
+    for i, point in enumerate(kill_schedule(RANDOM_SEED + 1, 4)):
+        killed_at(root, "from-shards", point, extra if i == 0 else [*extra, "--resume"])
+    finish(root, "from-shards", extra)
+    assert_same_run(root, "from-shards", reference)
+
+
 def exchange_works(folder: Path) -> bool:
     """Whether this system swaps two folders' names in one step (renameat2)."""
     a, b = folder / "a", folder / "b"
@@ -324,7 +343,7 @@ def test_sigkill_while_a_snapshot_folder_is_replaced(
     setup: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
     """A run resumed from before a snapshot it already wrote replaces that snapshot folder:
-    killed just after the exchange (aiayn/checkpoint/atomic.py), then -- as on a system
+    killed just after the exchange (aiayn/atomic.py), then -- as on a system
     without renameat2(RENAME_EXCHANGE) -- just after the old folder was renamed aside, the
     resumed CLI repairs each state and ends bit for bit where the uninterrupted run does."""
     if not exchange_works(tmp_path):

@@ -18,6 +18,7 @@ oneDNN/MKL probe) and no GPU's non-deterministic kernels enter the comparison.
 from __future__ import annotations
 
 import csv
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from safetensors.torch import load_file
 
 from aiayn.checkpoint import RunDir
 from aiayn.checkpoint.run_dir import TrainState
+from aiayn.cli import main
 from aiayn.data.batching import token_batches
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.train.config import RunConfig, load_run_config
@@ -218,6 +220,36 @@ def test_translation_across_an_epoch_boundary(tmp_path: Path) -> None:
         at_stop = train_split(train_translation, run, data, tmp_path, per_epoch + past, name)
         assert at_stop.data == position
         assert_same_end(tmp_path, per_epoch + past, name)
+
+
+def preprocess(root: Path, data: Path) -> None:
+    """``aiayn preprocess`` of the run config ``root/run.toml`` into ``data/shards``."""
+    made = main(["preprocess", str(root / "run.toml"), "--data", str(data), "--out",
+                 str(data / "shards"), "--workers", "1"])  # fmt: skip
+    assert made == 0
+
+
+def test_translation_from_shards_is_the_run_from_files_and_resumes_mid_epoch(
+    tmp_path: Path,
+) -> None:
+    """Trained from token shards, the run is the one trained from the plain files, bit for bit
+    (the same tokenizer, pairs, batches and weights); stopped mid-epoch and resumed from the
+    shards, it ends there too."""
+    run, data = translation_case(tmp_path)
+    train_translation(run, tmp_path / "full", data, progress=False)
+    preprocess(tmp_path, data)
+    from_shards = dataclasses.replace(run, data=dataclasses.replace(run.data, shards="shards"))
+    train_split(train_translation, from_shards, data, tmp_path, stop=3)
+    assert_same_end(tmp_path, stop=3)
+
+
+def test_language_model_from_shards_is_the_run_from_the_file(tmp_path: Path) -> None:
+    run, data = lm_case(tmp_path)
+    train_lm(run, tmp_path / "full", data, progress=False)
+    preprocess(tmp_path, data)
+    from_shards = dataclasses.replace(run, data=dataclasses.replace(run.data, shards="shards"))
+    train_split(train_lm, from_shards, data, tmp_path, stop=5)
+    assert_same_end(tmp_path, stop=5)
 
 
 def test_recurrent_encoder_decoder(tmp_path: Path) -> None:

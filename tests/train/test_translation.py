@@ -195,3 +195,79 @@ def test_token_count_batches_pick_the_linear_kernel_at_their_token_budget(
     assert [h["loss"] for h in onednn.history] == pytest.approx(
         [h["loss"] for h in mkl.history], rel=1e-4
     )
+
+
+def shards_of(cfg: Path, data: Path, *extra: str) -> None:
+    assert main(["preprocess", str(cfg), "--data", str(data), "--out", str(data / "shards"),
+                 "--workers", "1", *extra]) == 0  # fmt: skip
+
+
+def test_each_rank_reads_only_the_tokens_of_its_own_batches(corpus: tuple[Path, Path]) -> None:
+    """Every rank plans all of a step's batches (from lengths alone) and reads the pairs of its
+    own: rank 1 of 2 reads exactly the pairs of the step's second half."""
+    import numpy as np
+
+    from aiayn.data.shards import Sequences
+    from aiayn.train.translate import TokenShards, TranslationTask
+
+    data, cfg = corpus
+    shards_of(cfg, data)
+    source = TokenShards(data / "shards")
+    train, valid = source.splits(source.tokenizer(), 64)
+    task = TranslationTask(train, valid, max_tokens=64, label_smoothing=0.1, seed=1)
+    plan = [task.batches[k] for k in range(4)]
+    read: list[int] = []
+    rows = Sequences.rows
+
+    def recording(self: Sequences, indices: np.ndarray) -> list[np.ndarray]:
+        if self is train.source:
+            read.extend(indices.tolist())
+        return rows(self, indices)
+
+    Sequences.rows = recording  # type: ignore[method-assign]
+    try:
+        batches = task.next_batches(2, rank=1, world=2)
+    finally:
+        Sequences.rows = rows  # type: ignore[method-assign]
+    assert read == [i for b in plan[2:4] for i in b.tolist()]
+    assert [b[0].shape[0] for b in batches] == [len(plan[2]), len(plan[3])]
+
+
+def test_shards_that_do_not_fit_the_run_are_named(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, cfg = corpus
+    with pytest.raises(ValueError, match="holds no token shards.*aiayn preprocess"):
+        train_translation(load_run_config(cfg, {"data.shards": "nowhere"}), tmp_path / "r0",
+                          data, progress=False)  # fmt: skip
+    shards_of(cfg, data)
+    short = load_run_config(cfg, {"data.shards": "shards", "model.max_len": 6})
+    with pytest.raises(ValueError, match=r"hold a pair of \d+ tokens .*max_len=6.*--max-len 6"):
+        train_translation(short, tmp_path / "r1", data, progress=False)
+    # a run started from the files (its own BPE), resumed from shards of another vocabulary
+    other = load_run_config(cfg, {"data.bpe_vocab_size": 280, "train.max_steps": 2})
+    train_translation(other, tmp_path / "r2", data, progress=False)
+    resumed = load_run_config(cfg, {"data.shards": "shards"})
+    with pytest.raises(ValueError, match="made with another tokenizer than this run's"):
+        train_translation(resumed, tmp_path / "r2", data, resume=True, progress=False)
+
+
+def test_batches_read_from_token_sequences_are_the_collated_examples(
+    corpus: tuple[Path, Path],
+) -> None:
+    """The reader's batches against the list-based oracle: source + EOS, BOS + target, target +
+    EOS, right-padded, for every batch of an epoch."""
+    import numpy as np
+
+    from aiayn.train.translate import PlainFiles, collate, collate_split, encode_pairs, load_pairs
+
+    data, cfg = corpus
+    run = load_run_config(cfg)
+    files = PlainFiles(run, data)
+    tokenizer = files.tokenizer()
+    train, _ = files.splits(tokenizer, 64)
+    examples = encode_pairs(load_pairs(run, data, "train"), tokenizer)
+    for start in range(0, len(examples), 7):
+        idx = np.arange(start, min(start + 7, len(examples)))
+        got, want = collate_split(train, idx), collate([examples[i] for i in idx])
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

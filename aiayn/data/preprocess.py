@@ -1,0 +1,572 @@
+"""``aiayn preprocess``: tokenize a corpus once into token shards (aiayn/data/shards.py).
+
+The paper trained on 4.5M sentence pairs (WMT14 English-German).  Reading such a corpus into
+Python lists, training the BPE model and tokenizing every line at every start (and every
+resume) costs minutes and gigabytes before the first step; nanoGPT's ``prepare.py``,
+``fairseq-preprocess`` and Megatron's indexed datasets do it once.  So does this module:
+
+1. **The tokenizer** is trained from an iterator over the training files (both sides of a
+   parallel corpus, or a language model's text), streamed line by line -- never a list of
+   the corpus -- or loaded from a tokenizer file.  Trained on the same lines, it equals the
+   one ``aiayn train`` builds from plain files.
+2. **Encoding** runs in chunks of lines on every core (a pool of worker processes): each
+   chunk's ids are written to a part file of their own, atomically, so a stopped run resumes
+   at the first missing part.  Memory is bounded by the chunks in flight.
+3. **Bad lines** are left out and reported with their file and line number: a line that is
+   not UTF-8, a pair empty on one side only, a pair longer than ``max_len`` tokens.  Pairs
+   empty on both sides are skipped as ``aiayn train`` skips them.
+4. **The shards folder** is assembled from the parts in order and written atomically (a
+   temporary folder, a manifest with every file's SHA-256, one rename): there is never a
+   half-written shards folder.  The work folder ``.NAME.work`` beside it is then removed.
+
+Shapes: C pairs (or lines) per chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aiayn.atomic import begin_folder, commit_folder, sha256_file
+from aiayn.data import shards
+from aiayn.data.lines import decode, line_bytes, paired_lines
+from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
+
+CHUNK_PAIRS = 32_768  # sentence pairs per part file
+CHUNK_TEXT_BYTES = 4 << 20  # a language model's text per part file
+MAX_REPORTED = 100  # bad lines named in the header (all are counted)
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PairFiles:
+    """Two line-aligned files: line i of ``source`` translates to line i of ``target``."""
+
+    source: Path
+    target: Path
+
+
+@dataclass(frozen=True)
+class BadLine:
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}, line {self.line}: {self.reason}"
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"text file {path} does not exist")
+    st = path.stat()
+    return {"path": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def tokenizer_digest(tokenizer: Tokenizer) -> str:
+    """SHA-256 of a tokenizer's saved form (canonical JSON): what the shards were made with."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.json"
+        tokenizer.save(path)
+        data = json.loads(path.read_text())
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- the worker processes -------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_json: str, parts: str, max_len: int | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.json"
+        path.write_text(tokenizer_json)
+        _WORKER["tokenizer"] = load_tokenizer(path)
+    _WORKER["parts"], _WORKER["max_len"] = Path(parts), max_len
+
+
+def _encode_lines(texts: list[str]) -> list[list[int]]:
+    tok = _WORKER["tokenizer"]
+    if isinstance(tok, BPETokenizer):
+        return [list(e.ids) for e in tok.tok.encode_batch(texts)]
+    return [tok.encode(t) for t in texts]
+
+
+def _save_part(name: str, arrays: dict[str, np.ndarray], stats: dict[str, Any]) -> None:
+    """Write a part file atomically (a temporary name, then a rename)."""
+    parts: Path = _WORKER["parts"]
+    tmp = parts / f".{name}.tmp"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, stats=np.array(json.dumps(stats)), **arrays)  # type: ignore[arg-type]
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, parts / name)
+
+
+def _flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    flat = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _encode_pair_chunk(job: tuple[str, int, str, str, list[bytes], list[bytes]]) -> str:
+    """Check, encode and save one chunk of pairs (in a worker).  ``job``: the part's name,
+    the first line's number, the two files' names, the two sides' raw lines."""
+    name, first, src_file, tgt_file, src_raw, tgt_raw = job
+    bad: list[BadLine] = []
+    blank = 0
+    lines: list[int] = []  # the line number of each pair that passes the text checks
+    texts: tuple[list[str], list[str]] = ([], [])
+    for n, (s_raw, t_raw) in enumerate(zip(src_raw, tgt_raw, strict=True), first):
+        s, t = decode(s_raw), decode(t_raw)
+        if s is None or t is None:
+            bad.append(BadLine(src_file if s is None else tgt_file, n, "not UTF-8"))
+        elif not s.strip() and not t.strip():
+            blank += 1
+        elif not s.strip() or not t.strip():
+            bad.append(BadLine(src_file if not s.strip() else tgt_file, n, "empty on one side"))
+        else:
+            lines.append(n)
+            texts[0].append(s)
+            texts[1].append(t)
+    src_ids, tgt_ids = _encode_lines(texts[0]), _encode_lines(texts[1])
+    max_len = _WORKER["max_len"]
+    if max_len is not None:  # the source gains EOS, the target BOS and EOS
+        keep = [
+            max(len(a) + 1, len(b) + 2) <= max_len for a, b in zip(src_ids, tgt_ids, strict=True)
+        ]
+        for n, a, b, k in zip(lines, src_ids, tgt_ids, keep, strict=True):
+            if not k:
+                why = f"{len(a)} source and {len(b)} target tokens: over max_len={max_len}"
+                bad.append(BadLine(src_file, n, why))
+        src_ids = [r for r, k in zip(src_ids, keep, strict=True) if k]
+        tgt_ids = [r for r, k in zip(tgt_ids, keep, strict=True) if k]
+    bad.sort(key=lambda b: b.line)
+    s_flat, s_len = _flat(src_ids)
+    t_flat, t_len = _flat(tgt_ids)
+    stats = {"pairs": len(src_ids), "blank": blank, "bad": [asdict(b) for b in bad]}
+    arrays = {"source": s_flat, "source_len": s_len, "target": t_flat, "target_len": t_len}
+    _save_part(name, arrays, stats)
+    return name
+
+
+def _encode_text_chunk(job: tuple[str, int, str, list[bytes]]) -> str:
+    """Decode, encode and save one chunk of a language model's text (in a worker)."""
+    name, first, file, raw = job
+    bad, texts = [], []
+    for n, line in enumerate(raw, first):
+        text = decode(line)
+        if text is None:
+            bad.append(BadLine(file, n, "not UTF-8"))
+        else:
+            texts.append(text)
+    ids = _WORKER["tokenizer"].encode("".join(texts))
+    stats = {"lines": len(raw), "bad": [asdict(b) for b in bad]}
+    _save_part(name, {"text": np.asarray(ids, dtype=np.int64)}, stats)
+    return name
+
+
+# --- reading the corpus in chunks -----------------------------------------------------------
+
+
+def _pair_chunks(
+    split: str, files: list[PairFiles], size: int
+) -> Iterator[tuple[str, int, str, str, list[bytes], list[bytes]]]:
+    for j, pair in enumerate(files):
+        src: list[bytes] = []
+        tgt: list[bytes] = []
+        first, k = 1, 0
+        for n, (s, t) in enumerate(paired_lines(pair.source, pair.target), 1):
+            src.append(s)
+            tgt.append(t)
+            if len(src) == size:
+                yield (
+                    f"{split}-{j:03d}-{k:06d}.npz",
+                    first,
+                    str(pair.source),
+                    str(pair.target),
+                    src,
+                    tgt,
+                )
+                src, tgt, first, k = [], [], n + 1, k + 1
+        if src:
+            yield (
+                f"{split}-{j:03d}-{k:06d}.npz",
+                first,
+                str(pair.source),
+                str(pair.target),
+                src,
+                tgt,
+            )
+
+
+def _cut_before(previous: bytes, line: bytes) -> int | None:
+    """Where a chunk may end between two lines so that its ids are those of the whole text:
+    the length of ``previous`` to keep in this chunk (the rest goes to the next), or None.
+
+    The byte-level BPE's pre-tokenizer (GPT-2's pattern) joins a run of white space to what
+    follows it, and at the end of a text keeps the run whole: ``"x \n" + "b"`` is ``" "``,
+    ``"\n"``, ``"b"``, but ``"x \n"`` alone ends in ``" \n"``.  A cut is exact only where a
+    single white-space character, after a non-space one, meets a non-space one: after the
+    ``\n`` of ``"...x\n"``, or between the ``\r`` and ``\n`` of ``"...x\r\n"``, before a
+    line that starts with a non-space character."""
+    if not line[:1] or line[:1].isspace():
+        return None
+    if previous.endswith(b"\r\n") and previous[-3:-2] and not previous[-3:-2].isspace():
+        return len(previous) - 1  # "...x\r" | "\n" + line
+    if previous.endswith(b"\n") and previous[-2:-1] and not previous[-2:-1].isspace():
+        return len(previous)
+    return None
+
+
+def _text_chunks(path: Path, size: int) -> Iterator[tuple[str, int, str, list[bytes]]]:
+    """Chunks of lines (with their endings) of at least ``size`` bytes, cut only where
+    :func:`_cut_before` allows, so that the chunks encode to the ids of the whole text.  A
+    chunk's first line number is that of its first line (a ``\n`` carried over from a
+    ``\r\n`` joins the next line)."""
+    lines: list[bytes] = []
+    nbytes, first, k = 0, 1, 0
+    for n, line in enumerate(line_bytes(path, keep_ends=True), 1):
+        cut = _cut_before(lines[-1], line) if nbytes >= size and lines else None
+        if cut is not None:
+            carry = lines[-1][cut:]
+            lines[-1] = lines[-1][:cut]
+            yield f"text-{k:06d}.npz", first, str(path), lines
+            lines, nbytes, first, k = [], 0, n, k + 1
+            line = carry + line
+        lines.append(line)
+        nbytes += len(line)
+    if lines:
+        yield f"text-{k:06d}.npz", first, str(path), lines
+
+
+def _run(
+    jobs: Iterable[tuple[Any, ...]],
+    fn: Callable[[Any], str],
+    done: Callable[[str], bool],
+    workers: int,
+    init_args: tuple[Any, ...],
+) -> int:
+    """Run ``fn`` on every job whose part is not ``done`` yet, on ``workers`` processes (in
+    this one for 1), with at most two jobs per worker in flight.  Returns the jobs run."""
+    count = 0
+    if workers <= 1:
+        _init_worker(*init_args)
+        for job in jobs:
+            if not done(job[0]):
+                fn(job)
+                count += 1
+        return count
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that ran Rust threads
+    with ctx.Pool(workers, initializer=_init_worker, initargs=init_args) as pool:
+        pending: deque[Any] = deque()
+        for job in jobs:
+            if done(job[0]):
+                continue
+            pending.append(pool.apply_async(fn, (job,)))
+            count += 1
+            if len(pending) >= 2 * workers:
+                pending.popleft().get()
+        while pending:
+            pending.popleft().get()
+    return count
+
+
+# --- the work folder: what a stopped run resumes from ---------------------------------------
+
+
+class WorkDir:
+    """``.NAME.work`` beside the shards folder: the settings and inputs it was started with,
+    the tokenizer, and the part files.  Started again with other settings or inputs, it is
+    emptied first."""
+
+    def __init__(self, out: Path, spec: dict[str, Any], log: Log) -> None:
+        self.path = out.parent / f".{out.name}.work"
+        self.parts = self.path / "parts"
+        spec_file = self.path / "spec.json"
+        if self.path.exists():
+            same = spec_file.is_file() and json.loads(spec_file.read_text()) == spec
+            if same:
+                log(f"resuming: {len(list(self.parts.glob('*.npz')))} parts already in {self.path}")
+            else:
+                log(f"{self.path} was started with other settings or inputs: starting again")
+                shutil.rmtree(self.path)
+        self.parts.mkdir(parents=True, exist_ok=True)
+        if not spec_file.is_file():
+            _write_atomically(spec_file, json.dumps(spec, indent=1))
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    def tokenizer(self, make: Callable[[], Tokenizer]) -> Tokenizer:
+        """The run's tokenizer: saved on the first run, read back on a resume."""
+        if self.tokenizer_file.is_file():
+            return load_tokenizer(self.tokenizer_file)
+        tokenizer = make()
+        tmp = self.tokenizer_file.with_suffix(".tmp")
+        tokenizer.save(tmp)
+        os.replace(tmp, self.tokenizer_file)
+        return tokenizer
+
+    def has(self, name: str) -> bool:
+        return (self.parts / name).is_file()
+
+    def load(self, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        with np.load(self.parts / name) as z:
+            arrays = {k: z[k] for k in z.files if k != "stats"}
+            return arrays, json.loads(str(z["stats"]))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# --- assembling the shards ------------------------------------------------------------------
+
+
+class _Appender:
+    """One side of a split: ids appended to ``.bin``, offsets to ``.idx``, lengths counted."""
+
+    def __init__(self, folder: Path, split: str, side: str, dtype: np.dtype[Any]) -> None:
+        # open across many parts' appends, closed by close() (or with the folder on failure)
+        self.bin = open(folder / shards.bin_name(split, side), "wb")  # noqa: SIM115
+        self.idx = open(folder / shards.idx_name(split, side), "wb")  # noqa: SIM115
+        self.dtype, self.end, self.count = dtype, 0, 0
+        self.histogram = np.zeros(1, dtype=np.int64)
+        np.zeros(1, dtype=np.int64).tofile(self.idx)
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        flat.astype(self.dtype).tofile(self.bin)
+        (self.end + np.cumsum(lengths)).astype(np.int64).tofile(self.idx)
+        self.end += int(lengths.sum())
+        self.count += len(lengths)
+        if len(lengths):
+            counts = np.bincount(lengths)
+            if len(counts) > len(self.histogram):
+                self.histogram = np.pad(self.histogram, (0, len(counts) - len(self.histogram)))
+            self.histogram[: len(counts)] += counts
+
+    def close(self) -> dict[str, Any]:
+        self.bin.close()
+        self.idx.close()
+        return {"tokens": self.end, "longest": len(self.histogram) - 1,
+                "length_histogram": self.histogram.tolist()}  # fmt: skip
+
+
+def _source_files(files: list[PairFiles]) -> list[dict[str, Any]]:
+    return [
+        {side: {"path": str(getattr(p, side)), "bytes": getattr(p, side).stat().st_size,
+                "sha256": sha256_file(getattr(p, side))} for side in shards.SIDES}
+        for p in files
+    ]  # fmt: skip
+
+
+def _collect_bad(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    counts: Counter[str] = Counter()
+    first: list[dict[str, Any]] = []
+    for s in stats:
+        for b in s["bad"]:
+            counts["over max_len" if "max_len" in b["reason"] else b["reason"]] += 1
+            if len(first) < MAX_REPORTED:
+                first.append(b)
+    return {"counts": dict(counts), "first": first}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a preprocessing run wrote: the shards folder and its header."""
+
+    out: Path
+    header: dict[str, Any]
+    parts_run: int  # part files encoded by this run (the rest came from a stopped one)
+    seconds: float
+
+
+def _header(kind: str, tokenizer: Tokenizer, **fields: Any) -> dict[str, Any]:
+    return {
+        "format": shards.FORMAT, "version": shards.VERSION, "kind": kind,
+        "dtype": str(shards.token_dtype(tokenizer.vocab_size)),
+        "vocab_size": tokenizer.vocab_size, "tokenizer_kind": tokenizer.kind,
+        "tokenizer_sha256": tokenizer_digest(tokenizer), **fields,
+    }  # fmt: skip
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out} exists: pass --overwrite to replace it")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder")
+
+
+def _train_lines(files: list[PairFiles]) -> Iterator[str]:
+    """Both sides of every pair that passes the text checks, streamed: what the BPE model
+    is trained on (the same lines ``aiayn train`` trains it on from plain files)."""
+    for pair in files:
+        for s_raw, t_raw in paired_lines(pair.source, pair.target):
+            s, t = decode(s_raw), decode(t_raw)
+            if s is not None and t is not None and s.strip() and t.strip():
+                yield s
+                yield t
+
+
+def preprocess_parallel(
+    train: list[PairFiles],
+    valid: list[PairFiles],
+    out: str | os.PathLike[str],
+    *,
+    vocab_size: int,
+    max_len: int | None,
+    tokenizer: Tokenizer | None = None,
+    workers: int | None = None,
+    chunk: int = CHUNK_PAIRS,
+    overwrite: bool = False,
+    log: Log = print,
+) -> Result:
+    """Shards of a parallel corpus (module docstring): a shared BPE vocabulary of
+    ``vocab_size`` trained on both sides of ``train`` (or ``tokenizer`` as given), pairs over
+    ``max_len`` tokens (with BOS/EOS) left out and reported."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    _check_out(out, overwrite)
+    if not train or not valid:
+        raise ValueError("preprocessing a parallel corpus needs training and validation files")
+    workers = workers or os.cpu_count() or 1
+    spec = {"kind": "parallel", "vocab_size": vocab_size, "max_len": max_len, "chunk": chunk,
+            "tokenizer": None if tokenizer is None else tokenizer_digest(tokenizer),
+            "train": [[_file_identity(p.source), _file_identity(p.target)] for p in train],
+            "valid": [[_file_identity(p.source), _file_identity(p.target)] for p in valid]}  # fmt: skip
+    work = WorkDir(out, spec, log)
+
+    def train_tokenizer() -> Tokenizer:
+        if tokenizer is not None:
+            return tokenizer
+        log(f"training a {vocab_size:,}-token BPE vocabulary on {len(train)} file pair(s)")
+        return BPETokenizer.from_lines(_train_lines(train), vocab_size)
+
+    tok = work.tokenizer(train_tokenizer)
+    init = (work.tokenizer_file.read_text(), str(work.parts), max_len)
+    run = 0
+    for split, files in (("train", train), ("valid", valid)):
+        log(f"encoding the {split} split on {workers} process(es)")
+        run += _run(_pair_chunks(split, files, chunk), _encode_pair_chunk, work.has, workers, init)
+    header = _assemble_parallel(out, work, tok, {"train": train, "valid": valid}, max_len)
+    shutil.rmtree(work.path, ignore_errors=True)
+    return Result(out, header, run, time.perf_counter() - t0)
+
+
+def _assemble_parallel(
+    out: Path, work: WorkDir, tok: Tokenizer, files: dict[str, list[PairFiles]], max_len: int | None
+) -> dict[str, Any]:
+    """Concatenate the parts, in order, into the shards folder, and commit it atomically."""
+    dtype = shards.token_dtype(tok.vocab_size)
+    tmp = begin_folder(out)
+    try:
+        splits: dict[str, Any] = {}
+        all_stats = []
+        for split in files:
+            sides = {side: _Appender(tmp, split, side, dtype) for side in shards.SIDES}
+            blank = 0
+            for part in sorted(work.parts.glob(f"{split}-*.npz")):
+                arrays, stats = work.load(part.name)
+                for side in shards.SIDES:
+                    sides[side].add(arrays[side], arrays[f"{side}_len"])
+                blank += stats["blank"]
+                all_stats.append(stats)
+            summary = {side: a.close() for side, a in sides.items()}
+            pairs = sides["source"].count
+            if pairs == 0:
+                raise ValueError(f"no {split} pairs are left after the checks")
+            splits[split] = {"pairs": pairs, "blank_pairs": blank, **summary}
+        header = _header("parallel", tok, max_len=max_len, splits=splits,
+                         sources={s: _source_files(f) for s, f in files.items()},
+                         bad_lines=_collect_bad(all_stats))  # fmt: skip
+        tok.save(tmp / shards.TOKENIZER_FILE)
+        (tmp / shards.HEADER_FILE).write_text(json.dumps(header, indent=1))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    commit_folder(tmp, out)
+    return header
+
+
+def _text_tokenizer(path: Path, kind: str, vocab_size: int) -> Tokenizer:
+    """A language model's tokenizer from its text, streamed: characters (the set of those in
+    the text) or byte-level BPE (trained on its lines, as ``aiayn train`` splits the whole
+    text with ``str.splitlines``).  Lines that are not UTF-8 are left out, as encoding does."""
+    texts = (t for t in (decode(line) for line in line_bytes(path, keep_ends=True)) if t)
+    if kind == "char":
+        chars: set[str] = set()
+        for text in texts:
+            chars.update(text)
+        if not chars:
+            raise ValueError(f"text file {path} is empty")
+        return CharTokenizer(sorted(chars))
+    return BPETokenizer.from_lines((ln for t in texts for ln in t.splitlines(True)), vocab_size)
+
+
+def preprocess_text(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    tokenizer_kind: str,
+    vocab_size: int,
+    tokenizer: Tokenizer | None = None,
+    workers: int | None = None,
+    chunk_bytes: int = CHUNK_TEXT_BYTES,
+    overwrite: bool = False,
+    log: Log = print,
+) -> Result:
+    """Shards of a language model's text: one stream of ids, as ``aiayn train`` encodes the
+    whole file (module docstring)."""
+    t0 = time.perf_counter()
+    out, path = Path(out), Path(path)
+    _check_out(out, overwrite)
+    workers = workers or os.cpu_count() or 1
+    spec = {"kind": "text", "tokenizer_kind": tokenizer_kind, "vocab_size": vocab_size,
+            "chunk": chunk_bytes, "text": _file_identity(path),
+            "tokenizer": None if tokenizer is None else tokenizer_digest(tokenizer)}  # fmt: skip
+    work = WorkDir(out, spec, log)
+    tok = work.tokenizer(lambda: tokenizer or _text_tokenizer(path, tokenizer_kind, vocab_size))
+    init = (work.tokenizer_file.read_text(), str(work.parts), None)
+    log(f"encoding {path} on {workers} process(es)")
+    run = _run(_text_chunks(path, chunk_bytes), _encode_text_chunk, work.has, workers, init)
+    dtype = shards.token_dtype(tok.vocab_size)
+    tmp = begin_folder(out)
+    try:
+        stats, tokens = [], 0
+        with open(tmp / shards.TEXT_FILE, "wb") as fh:
+            for part in sorted(work.parts.glob("text-*.npz")):
+                arrays, s = work.load(part.name)
+                arrays["text"].astype(dtype).tofile(fh)
+                tokens += len(arrays["text"])
+                stats.append(s)
+        if tokens == 0:
+            raise ValueError(f"text file {path} is empty")
+        header = _header("text", tok, tokens=tokens,
+                         sources={"text": {"path": str(path), "bytes": path.stat().st_size,
+                                           "sha256": sha256_file(path)}},
+                         bad_lines=_collect_bad(stats))  # fmt: skip
+        tok.save(tmp / shards.TOKENIZER_FILE)
+        (tmp / shards.HEADER_FILE).write_text(json.dumps(header, indent=1))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    commit_folder(tmp, out)
+    shutil.rmtree(work.path, ignore_errors=True)
+    return Result(out, header, run, time.perf_counter() - t0)

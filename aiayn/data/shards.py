@@ -1,0 +1,260 @@
+"""Token shards: a corpus tokenized once (``aiayn preprocess``), then read through mmap.
+
+A shards folder, written atomically by aiayn/data/preprocess.py (nanoGPT's ``train.bin``,
+fairseq's and Megatron's indexed datasets are the same idea):
+
+* ``header.json`` -- the format, the kind (``"parallel"`` or ``"text"``), the token dtype, the
+  tokenizer's SHA-256 and vocabulary size, per split the counts, the longest sentence and a
+  histogram of lengths, the source files' SHA-256, and the lines left out, with their reason;
+* ``tokenizer.json`` -- the tokenizer that made the ids (aiayn's format);
+* parallel text: ``{split}.{side}.bin``, the ids of every sentence one after the other
+  (uint16, or uint32 for vocabularies over 65,536; no BOS/EOS), and ``{split}.{side}.idx``,
+  N + 1 int64 offsets: sentence i is ``bin[idx[i] : idx[i + 1]]``; splits ``train`` and
+  ``valid``, sides ``source`` and ``target``;
+* a language model's text: ``text.bin``, the whole stream of ids;
+* ``manifest.json`` -- every file's size and SHA-256 (aiayn/atomic.py).
+
+Reading maps the files and copies only what a batch needs; the length of every sentence comes
+from the offsets alone, so that batches are planned without reading a token
+(aiayn/data/batching.py).  Pages the reads touched are handed back to the kernel every
+:data:`RELEASE_READS` reads (:meth:`Mapped.release`): without that, the pages the kernel maps
+around each scattered read pile up in the process's resident memory, about 20 MB a training
+step on a corpus of 4.5M pairs, and the resident set grows with the corpus.  The same classes hold small corpora in memory (:meth:`Sequences.from_lists`): the
+plain-files path of training reads through them too.
+
+Shapes: N sentences, B sentences in a batch, S / T source / target lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from aiayn.atomic import MANIFEST_FILE
+
+FORMAT = "aiayn-shards"
+VERSION = 1
+HEADER_FILE = "header.json"
+TOKENIZER_FILE = "tokenizer.json"
+TEXT_FILE = "text.bin"
+SIDES = ("source", "target")
+SPLITS = ("train", "valid")
+# A read from a mapped file maps more than it reads: the kernel faults in the pages around it
+# (about 160 KB a random read, measured).  Every this many reads, the map's pages go back.
+RELEASE_READS = 128
+
+
+def token_dtype(vocab_size: int) -> np.dtype[Any]:
+    """uint16 where every id fits, else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def bin_name(split: str, side: str) -> str:
+    return f"{split}.{side}.bin"
+
+
+def idx_name(split: str, side: str) -> str:
+    return f"{split}.{side}.idx"
+
+
+class Mapped:
+    """A read-only file mapped into memory, as a numpy array of ``dtype``; empty files give an
+    empty array (mmap cannot map zero bytes)."""
+
+    def __init__(self, path: Path, dtype: np.dtype[Any]) -> None:
+        self.path, self.dtype = path, dtype
+        size = path.stat().st_size
+        if size % dtype.itemsize:
+            raise ValueError(f"{path} holds {size} bytes, not a whole number of {dtype} values")
+        self._map: mmap.mmap | None = None
+        if size == 0:
+            self.array: np.ndarray = np.zeros(0, dtype)
+            return
+        with open(path, "rb") as fh:
+            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.array = np.frombuffer(self._map, dtype=dtype)
+        self._read = 0
+
+    def note_read(self, reads: int) -> None:
+        """Count scattered reads (rows, windows); past :data:`RELEASE_READS`, release the
+        touched pages (about 1 ms for a map of 600 MB)."""
+        self._read += reads
+        if self._read >= RELEASE_READS:
+            self.release()
+
+    def release(self) -> None:
+        """Drop this mapping's pages from the process's resident set (they stay in the page
+        cache, so a later read costs no disk access).  The array stays valid."""
+        self._read = 0
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+
+class Sequences:
+    """N token sequences: a flat array of ids and N + 1 offsets, mapped or in memory."""
+
+    def __init__(
+        self, tokens: np.ndarray, offsets: np.ndarray, maps: Sequence[Mapped] = ()
+    ) -> None:
+        if len(offsets) == 0 or int(offsets[0]) != 0 or int(offsets[-1]) != len(tokens):
+            raise ValueError(
+                f"offsets index does not span the tokens: it ends at"
+                f" {int(offsets[-1]) if len(offsets) else 'nothing'}, the tokens number"
+                f" {len(tokens)}"
+            )
+        self.tokens, self.offsets, self.maps = tokens, offsets, tuple(maps)
+
+    @classmethod
+    def from_lists(cls, rows: Sequence[Sequence[int]], dtype: np.dtype[Any]) -> Sequences:
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=offsets[1:])
+        flat = [i for r in rows for i in r]
+        return cls(np.asarray(flat, dtype=dtype), offsets)
+
+    @classmethod
+    def open(cls, folder: Path, split: str, side: str, dtype: np.dtype[Any]) -> Sequences:
+        tokens = Mapped(folder / bin_name(split, side), dtype)
+        offsets = Mapped(folder / idx_name(split, side), np.dtype(np.int64))
+        seqs = cls(tokens.array, offsets.array, (tokens, offsets))
+        return seqs
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self, chunk: int = 1 << 20) -> np.ndarray:
+        """(N,) sentence lengths from the offsets alone, uint16 where they fit (else int32):
+        read in chunks, then released, so that 4.5M sentences cost 9 MB."""
+        longest = 0
+        for start in range(0, len(self), chunk):
+            longest = max(
+                longest, int(np.diff(self.offsets[start : start + chunk + 1]).max(initial=0))
+            )
+        out = np.empty(len(self), dtype=np.uint16 if longest < (1 << 16) - 1 else np.int32)
+        for start in range(0, len(self), chunk):
+            part = self.offsets[start : start + chunk + 1]
+            out[start : start + len(part) - 1] = np.diff(part)
+        self.release()
+        return out
+
+    def rows(self, indices: np.ndarray) -> list[np.ndarray]:
+        """The sequences at ``indices``, copied out of the map."""
+        starts, ends = self.offsets[indices], self.offsets[indices + 1]
+        got = [
+            np.array(self.tokens[s:e]) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+        ]
+        for m in self.maps:
+            m.note_read(len(indices))
+        return got
+
+    def release(self) -> None:
+        for m in self.maps:
+            m.release()
+
+
+def padded(rows: Sequence[np.ndarray], pad_id: int, *, prefix: int | None = None,
+           suffix: int | None = None) -> Tensor:  # fmt: skip
+    """(B, longest) long tensor of ``[prefix] + row + [suffix]``, right-padded."""
+    extra = (prefix is not None) + (suffix is not None)
+    width = max(len(r) for r in rows) + extra
+    out = np.full((len(rows), width), pad_id, dtype=np.int64)
+    start = 1 if prefix is not None else 0
+    for i, r in enumerate(rows):
+        if prefix is not None:
+            out[i, 0] = prefix
+        out[i, start : start + len(r)] = r
+        if suffix is not None:
+            out[i, start + len(r)] = suffix
+    return torch.from_numpy(out)
+
+
+@dataclass
+class ParallelSplit:
+    """Sentence pairs of one split: source and target :class:`Sequences`."""
+
+    source: Sequences
+    target: Sequences
+
+    def __post_init__(self) -> None:
+        if len(self.source) != len(self.target):
+            raise ValueError(
+                f"the split has {len(self.source)} source and {len(self.target)} target sentences"
+            )
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def release(self) -> None:
+        self.source.release()
+        self.target.release()
+
+
+def read_header(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The header of a shards folder, checked: the format, the version, and every file the
+    manifest lists present at its size (the full SHA-256 check is :func:`verify`)."""
+    folder = Path(folder)
+    path = folder / HEADER_FILE
+    if not path.is_file():
+        raise ValueError(
+            f"{folder} holds no token shards ({HEADER_FILE} is missing): make them with"
+            " aiayn preprocess"
+        )
+    try:
+        header: dict[str, Any] = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"corrupt shards header {path}: {err}") from err
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise ValueError(
+            f"{path} is not aiayn shards of version {VERSION} (format"
+            f" {header.get('format')!r}, version {header.get('version')!r}): make them again"
+            " with aiayn preprocess"
+        )
+    manifest = folder / MANIFEST_FILE
+    if manifest.is_file():
+        for name, meta in json.loads(manifest.read_text())["files"].items():
+            f = folder / name
+            if not f.is_file() or f.stat().st_size != meta["size"]:
+                raise ValueError(
+                    f"shard file {f} is missing or truncated (expected {meta['size']} bytes)"
+                )
+    return header
+
+
+def verify(folder: str | os.PathLike[str]) -> None:
+    """Every file of a shards folder against its SHA-256 in the manifest."""
+    from aiayn.atomic import verify_manifest
+
+    verify_manifest(Path(folder))
+
+
+def open_parallel(
+    folder: str | os.PathLike[str],
+) -> tuple[dict[str, Any], dict[str, ParallelSplit]]:
+    """The header and the mapped splits of a parallel-text shards folder."""
+    folder = Path(folder)
+    header = read_header(folder)
+    if header["kind"] != "parallel":
+        raise ValueError(f"{folder} holds {header['kind']!r} shards, not parallel text")
+    dtype = np.dtype(header["dtype"])
+    splits = {
+        split: ParallelSplit(*(Sequences.open(folder, split, side, dtype) for side in SIDES))
+        for split in header["splits"]
+    }
+    return header, splits
+
+
+def open_text(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], Mapped]:
+    """The header and the mapped token stream of a language model's shards folder."""
+    folder = Path(folder)
+    header = read_header(folder)
+    if header["kind"] != "text":
+        raise ValueError(f"{folder} holds {header['kind']!r} shards, not a text stream")
+    return header, Mapped(folder / TEXT_FILE, np.dtype(header["dtype"]))
