@@ -50,6 +50,7 @@ NormPosition = Literal["post", "pre"]
 Init = Literal["xavier", "scaled-normal"]
 Score = Literal["dot", "additive"]
 Mixer = Literal["attention", "linear", "ssm"]
+Quantization = Literal["int8"]
 # Pluggable parts are named by strings checked against aiayn/registry.py, so that a new one is
 # one module and one registry line.
 Positional = str
@@ -397,6 +398,10 @@ class ModelConfig:
     # for pre-LN stacks, whose residual stream adds up every layer's output.
     init: Init = "xavier"
     init_std: float = 0.02
+    # How the linear layers' weights are stored: None (the model's float dtype), or "int8"
+    # (one scale per output channel, aiayn/nn/quantized.py): a checkpoint written by `aiayn
+    # convert --quantize int8`, which decodes without being quantized again and never trains.
+    quantization: Quantization | None = None
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     positions: PositionConfig = field(default_factory=PositionConfig)
     ffn: FeedForwardConfig = field(default_factory=FeedForwardConfig)
@@ -408,6 +413,8 @@ class ModelConfig:
         check_field_types(self)  # the sub-configs have checked their own fields
         _check_choices(self, {"arch": get_args(Arch), "norm_position": get_args(NormPosition)})
         _check_choices(self, {"init": get_args(Init), "norm": registry.names("norm")})
+        if self.quantization is not None and self.quantization not in get_args(Quantization):
+            raise _fail(self, "quantization", self.quantization, "None or 'int8'")
         _check_positive(self, ("vocab_size", "n_layers", "d_model", "max_len"))
         _check_positive(self, ("src_vocab_size", "n_decoder_layers"), optional=True)
         _check_probability(self, "dropout")

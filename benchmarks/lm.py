@@ -39,15 +39,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from engines import ct2_engine, ct2_folder, ct2_tokens, gpt2_folder
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 
 import aiayn
 from aiayn.config import ModelConfig, get_preset
+from aiayn.device import cpu_has_bf16
 from aiayn.generate import SamplingConfig, generate
 from aiayn.inspect.calc import training_flops_per_token
 from aiayn.interop.hf import to_hf_gpt2
-from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.models.precision import Precision, apply_precision
 
+ENGINE_ROOT = Path(__file__).resolve().parent / ".engines"  # the HF folders all engines read
 SHAPES = {
     "nanogpt-cpu": dict(n_layers=4, n_heads=4, d_model=128, block=64, batch=12, vocab=65),
     "6L-384": dict(n_layers=6, n_heads=6, d_model=384, block=256, batch=8, vocab=65),
@@ -133,41 +136,80 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
         return {"s": median_time(step, case["repeat"]), "onednn": float(kernel == "onednn")}
 
 
-def measure_generate(case: dict[str, Any]) -> dict[str, float]:
-    """Tokens/s of one greedy generation of ``new`` tokens after a 32-token prompt, after a
-    16-token warm-up generation."""
-    s = GEN_SHAPES[case["shape"]]
-    torch.manual_seed(0)
-    model = ours(s).eval()
-    if case["impl"] == "hf":
-        model = to_hf_gpt2(model, attn_implementation="sdpa").eval()  # the same weights
-    if case["dtype"] == "bfloat16":
-        model = model.to(torch.bfloat16)
-    prompt = torch.randint(
-        0, s["vocab"], (case["batch"], 32), generator=torch.Generator().manual_seed(1)
-    )
+def _gen_folder(shape: str) -> Path:
+    """The one Hugging Face folder every engine decodes (benchmarks/engines.py)."""
+    s = GEN_SHAPES[shape]
+    hf = {"n_layer": s["n_layers"], "n_embd": s["d_model"], "n_head": s["n_heads"],
+          "vocab_size": s["vocab"], "n_positions": max(s["block"], 320)}  # fmt: skip
+    return gpt2_folder(ENGINE_ROOT, hf)
 
-    def run(new: int) -> None:
-        if case["impl"] == "hf":
+
+def _prompt(case: dict[str, Any]) -> torch.Tensor:
+    v = GEN_SHAPES[case["shape"]]["vocab"]
+    return torch.randint(0, v - 1, (case["batch"], 32), generator=torch.Generator().manual_seed(1))
+
+
+def _ct2_runner(case: dict[str, Any], folder: Path) -> Any:
+    """Greedy generation by CTranslate2 (its converter's model of ``folder``), at fp32 or
+    int8, on the torch thread count; returns the new ids."""
+    ct2 = ct2_folder(folder)
+    tokens = ct2_tokens(ct2)
+    index = {t: i for i, t in enumerate(tokens)}
+    gen = ct2_engine("generator", ct2, case["impl"].removeprefix("ct2-"), case["threads"])
+    start = [[tokens[i] for i in row] for row in _prompt(case).tolist()]
+
+    def run(new: int) -> list[list[int]]:
+        out = gen.generate_batch(start, max_length=new, min_length=new, sampling_topk=1,
+                                 include_prompt_in_result=False)  # fmt: skip
+        return [[index[t] for t in r.sequences[0]] for r in out]
+
+    return run
+
+
+def measure_generate(case: dict[str, Any]) -> dict[str, Any]:
+    """Tokens/s of one greedy generation of ``new`` tokens after a 32-token prompt, after a
+    16-token warm-up generation; and the ids generated.  Every engine reads one HF folder:
+    aiayn (fp32, int8 weights, or bf16), HF ``generate`` and CTranslate2 (fp32 or int8)."""
+    impl, folder = case["impl"], _gen_folder(case["shape"])
+    prompt = _prompt(case)
+    if impl.startswith("ct2-"):
+        run = _ct2_runner(case, folder)
+    elif impl == "hf":
+        from transformers import GPT2LMHeadModel
+
+        model = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+        if case["dtype"] == "bfloat16":
+            model = model.to(torch.bfloat16)
+
+        def run(new: int) -> list[list[int]]:
             with torch.no_grad():
-                model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
-                               min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)  # fmt: skip
-        else:
-            generate(
-                model, prompt.tolist(), max_new_tokens=new, sampling=SamplingConfig(temperature=0)
-            )
+                out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                     min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)  # fmt: skip
+            return out[:, prompt.shape[1] :].tolist()  # type: ignore[no-any-return]
+
+    else:
+        precision = {"aiayn": Precision(dtype=case["dtype"]),
+                     "aiayn-int8": Precision(dtype=case["dtype"], quantize="int8"),
+                     "aiayn-bf16": Precision(dtype="bfloat16")}[impl]  # fmt: skip
+        model = apply_precision(aiayn.load(folder).model, torch.device("cpu"), precision)
+
+        def run(new: int) -> list[list[int]]:
+            return generate(model, prompt.tolist(), max_new_tokens=new,
+                            sampling=SamplingConfig(temperature=0))  # fmt: skip
 
     run(16)
     t0 = time.perf_counter()
-    run(case["new"])
-    got = {"tok_s": case["batch"] * case["new"] / (time.perf_counter() - t0)}
-    if case["impl"] == "aiayn":  # the decoding probe's choice for one row (nn/cpu_kernels.py)
-        with for_decoding(model, case["batch"]) as plan:
-            got["gemv"] = float(plan.gemv)
-    return got
+    ids = run(case["new"])
+    return {"tok_s": case["batch"] * case["new"] / (time.perf_counter() - t0), "ids": ids}
 
 
-def measure(case: dict[str, Any]) -> dict[str, float]:
+def agreement(ids: list[list[int]], reference: list[list[int]]) -> float:
+    """The share of positions where ``ids`` equal the reference's."""
+    pairs = [(a, b) for x, y in zip(ids, reference, strict=True) for a, b in zip(x, y, strict=True)]
+    return sum(a == b for a, b in pairs) / max(len(pairs), 1)
+
+
+def measure(case: dict[str, Any]) -> dict[str, Any]:
     return measure_train(case) if case["what"] == "train" else measure_generate(case)
 
 
@@ -192,6 +234,39 @@ def quality(threads: int, dtype: str) -> dict[str, Any]:
     return {"val_loss": result.val_loss, "wall_s": wall, "steps": run.train.max_steps}
 
 
+def generation_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[str, Any]:
+    """Every engine on every generation case, interleaved; tokens/s, aiayn's ratio to each,
+    and the ids compared: every fp32 engine must give aiayn's, the int8 ones are scored by
+    their agreement with it."""
+    impls = ["aiayn", "hf"]
+    if args.engines:
+        impls += ["aiayn-int8", "ct2-float32", "ct2-int8"]
+        if cpu_has_bf16() and args.dtype == "float32":
+            impls.append("aiayn-bf16")
+    print(f"\n{'generation':<18}{'batch':>6}  {'engine':<12}{'tok/s':>22}{'aiayn int8 / it':>16}"
+          f"{'aiayn / it':>11}{'same ids':>10}")  # fmt: skip
+    table: dict[str, Any] = {}
+    for shape in args.gen_shapes or GEN_SHAPES:
+        for batch in (1, 8):
+            cases = [{"name": impl, "what": "generate", "shape": shape, "impl": impl,
+                      "batch": batch, "new": args.new_tokens, **common} for impl in impls]  # fmt: skip
+            got = interleaved(__file__, cases, args.rounds)
+            rows = {impl: spread([r["tok_s"] for r in runs]) for impl, runs in got.items() if runs}
+            if "aiayn" not in rows:
+                continue
+            reference = got["aiayn"][0]["ids"]
+            for impl, sp in rows.items():
+                sp["aiayn_over"] = rows["aiayn"]["median"] / sp["median"]
+                if "aiayn-int8" in rows:
+                    sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
+                sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
+                print(f"{shape:<18}{batch:>6}  {impl:<12}{cell(sp):>22}"
+                      f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
+                      f"{sp['agreement']:>10.1%}")  # fmt: skip
+            table[f"{shape}/b{batch}"] = rows
+    return table
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -201,6 +276,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10, help="timed training steps per process")
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--engines", action="store_true",
+                    help="generation: also aiayn with int8 (and bf16) weights, and CTranslate2 at"
+                    " fp32 and int8 (its converter, on the same HF folder)")  # fmt: skip
+    ap.add_argument("--gen-shapes", nargs="*", choices=list(GEN_SHAPES), default=None,
+                    help="generation shapes (default: all)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="1 round, few steps: a smoke run")
     ap.add_argument("--no-quality", action="store_true", help="skip the 2,000-step training run")
     ap.add_argument("--no-train", action="store_true", help="skip the training-speed table")
@@ -258,30 +338,7 @@ def main() -> int:
             results["train"][shape] = rows
 
     if not args.no_generate:
-        print(
-            f"\n{'generation':<18}{'batch':>6}{'aiayn tok/s':>20}{'HF tok/s':>20}{'aiayn faster':>14}"
-        )
-        results["generate"] = {}
-        for shape in GEN_SHAPES:
-            for batch in (1, 8):
-                cases = [
-                    {"name": impl, "what": "generate", "shape": shape, "impl": impl, "batch": batch,
-                     "new": args.new_tokens, **common}
-                    for impl in ("aiayn", "hf")
-                ]  # fmt: skip
-                got = interleaved(__file__, cases, args.rounds)
-                if not (got["aiayn"] and got["hf"]):
-                    continue
-                ours_s = spread([r["tok_s"] for r in got["aiayn"]])
-                hf_s = spread([r["tok_s"] for r in got["hf"]])
-                ratio = ours_s["median"] / hf_s["median"]
-                print(f"{shape:<18}{batch:>6}{cell(ours_s):>20}{cell(hf_s):>20}{ratio:>13.2f}x")
-                ours_s["gemv_by_round"] = [bool(r.get("gemv")) for r in got["aiayn"]]
-                results["generate"][f"{shape}/b{batch}"] = {
-                    "aiayn": ours_s,
-                    "hf": hf_s,
-                    "aiayn_faster": ratio,
-                }
+        results["generate"] = generation_table(args, common)
     results["rates_after"] = host_rates()
     print(f"\nafter: {rates_line(results['rates_after'])}")
     # A partial run names its parts, so that it does not replace a full run's results.

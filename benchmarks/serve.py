@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -179,17 +180,95 @@ async def load(url: str, requests: list[dict[str, Any]], concurrency: int) -> di
         t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return _summary(concurrency, results, wall, cpu)
+
+
+# ----- in process: the engine itself, without HTTP ---------------------------------------------
+
+# In-process variants: the engine as `aiayn serve` runs it; with the attention of a decoding
+# step padded to the longest row (as before ragged groups); with a bf16 KV cache.
+ENGINES = ("aiayn", "aiayn-padded", "aiayn-bf16kv")
+
+
+def engine_load(model: Any, tok: Any, work: list[dict[str, Any]], c: int) -> dict[str, Any]:
+    """One load on a fresh in-process Engine (16 rows), run in this thread -- the main one, as
+    `aiayn serve` runs it -- while another thread keeps ``c`` requests in flight; the metrics
+    of :func:`load`, from the engine's own token events."""
+    import threading
+
+    from aiayn.generate.sampling import SamplingConfig
+    from aiayn.serve.engine import Engine, Request
+
+    engine = Engine(model, tok.decode, max_batch=16, max_queue=256)
+    gate, lock = threading.Semaphore(c), threading.Lock()
+    stamps: dict[int, list[float]] = {}
+    left = [len(work)]
+
+    def emit(i: int, event: Any) -> None:
+        if event.kind == "token":
+            stamps[i].append(time.perf_counter())
+        elif event.kind in ("done", "error"):
+            gate.release()
+            with lock:
+                left[0] -= 1
+                if not left[0]:
+                    engine.stop(wait=False)
+
+    def drive() -> None:
+        for i, body in enumerate(work):
+            gate.acquire()
+            stamps[i] = [time.perf_counter()]
+            engine.submit(Request(tok.encode(body["prompt"]), body["max_tokens"],
+                                  SamplingConfig(temperature=0), emit=partial(emit, i)))  # fmt: skip
+
+    t0 = time.perf_counter()
+    threading.Thread(target=drive, daemon=True).start()
+    engine.run()  # until the last request is done
+    wall = time.perf_counter() - t0
+    per = [{"ttft": st[1] - st[0], "tpot": (st[-1] - st[1]) / max(1, len(st) - 2),
+            "tokens": len(st) - 1} for st in stamps.values()]  # fmt: skip
+    return _summary(c, per, wall, 0.0)
+
+
+def engine_child(variant: str, checkpoint: str, requests: list[dict[str, Any]],
+                 concurrencies: list[int]) -> list[dict[str, Any]]:  # fmt: skip
+    """Every concurrency's :func:`engine_load` for one variant, after a warm-up load."""
+    import aiayn
+    from aiayn.models.precision import Precision, apply_precision
+    from aiayn.serve import slots
+
+    if variant == "aiayn-padded":
+        slots.ragged_groups = lambda keys: None  # type: ignore[assignment]
+    bundle = aiayn.load(checkpoint)
+    precision = Precision(kv_cache="bfloat16" if variant == "aiayn-bf16kv" else None)
+    model = apply_precision(bundle.model, torch.device("cpu"), precision)
+    engine_load(model, bundle.tokenizer, requests[:4], 2)  # warm-up
+    return [engine_load(model, bundle.tokenizer, requests, c) for c in concurrencies]
+
+
+def _summary(c: int, results: list[dict[str, float]], wall: float, cpu: float) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in results)
 
     def pct(key: str, q: float) -> float:
         values = sorted(r[key] for r in results)
         return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
-    return {"concurrency": concurrency, "requests": len(results), "tokens": tokens,
+    return {"concurrency": c, "requests": len(results), "tokens": tokens,
             "wall_s": wall, "tok_s": tokens / wall, "client_cpu_s": cpu,
             "ttft_p50_ms": 1000 * pct("ttft", 0.5), "ttft_p99_ms": 1000 * pct("ttft", 0.99),
             "tpot_p50_ms": 1000 * pct("tpot", 0.5), "tpot_p99_ms": 1000 * pct("tpot", 0.99),
             "tpot_mean_ms": 1000 * statistics.mean(r["tpot"] for r in results)}  # fmt: skip
+
+
+def run_engine(variant: str, checkpoint: Path, requests: list[dict[str, Any]],
+               concurrencies: list[int], threads: int) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`engine_child` in a fresh process (its own allocator, caches and threads)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    job = json.dumps({"variant": variant, "checkpoint": str(checkpoint), "requests": requests,
+                      "concurrency": concurrencies})  # fmt: skip
+    done = subprocess.run([sys.executable, __file__, "--engine-child", job], env=env,
+                          capture_output=True, text=True, timeout=1800, check=True)  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def free_port() -> int:
@@ -259,11 +338,20 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--data", default=None)
     ap.add_argument("--json", default=str(RESULTS))
+    ap.add_argument("--in-process", action="store_true",
+                    help="the engine in-process, without HTTP: ragged attention, attention padded"
+                    " to the longest row, and a bf16 KV cache (JSON: serve_in_process.json)")  # fmt: skip
+    ap.add_argument("--engine-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--hf-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hf_server:
         hf_server(args.hf_server, args.port)
+        return 0
+    if args.engine_child:
+        job = json.loads(args.engine_child)
+        got = engine_child(job["variant"], job["checkpoint"], job["requests"], job["concurrency"])
+        print(json.dumps(got))
         return 0
     from aiayn.data.files import data_dir
 
@@ -281,6 +369,8 @@ def main() -> int:
         # Every server is up for the whole run (idle ones wait on a lock and use no CPU), and
         # each round runs them all, in an order rotated per round: a ratio is then taken
         # between runs minutes apart, not between a fast and a slow hour of the host.
+        if args.in_process:
+            return in_process(args, checkpoint, requests, rates)
         servers: dict[str, tuple[subprocess.Popen, str]] = {}
         try:
             for kind in args.servers:
@@ -324,6 +414,44 @@ def main() -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json}")
+    return 0
+
+
+def in_process(args: argparse.Namespace, checkpoint: Path, requests: list[dict[str, Any]],
+               rates: list[dict[str, float]]) -> int:  # fmt: skip
+    """The in-process table: every engine variant at every concurrency, a fresh process per
+    variant and round, the variants' order rotated per round; p99 TPOT over the lone request's
+    (the same variant at concurrency 1, its p50) within each round."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in range(args.rounds):
+        shift = r % len(ENGINES)
+        for variant in ENGINES[shift:] + ENGINES[:shift]:
+            for got in run_engine(variant, checkpoint, requests, args.concurrency, args.threads):
+                runs.setdefault(f"{variant}@{got['concurrency']}", []).append(got)
+                print(f"round {r + 1} {variant:>14} c={got['concurrency']:<3} {got['tok_s']:8.1f} tok/s"
+                      f"  TTFT p50/p99 {got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT"
+                      f" p50/p99 {got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms", flush=True)  # fmt: skip
+    rates.append(host_rates())
+    print(rates_line(rates[1]), flush=True)
+    results = {}
+    for key, got in runs.items():
+        variant = key.split("@")[0]
+        lone = runs[f"{variant}@1"]
+        over = [g["tpot_p99_ms"] / lone[i]["tpot_p50_ms"] for i, g in enumerate(got)]
+        results[key] = {"rounds": got, **{m: spread([g[m] for g in got]) for m in METRICS},
+                        "p99_tpot_over_lone": spread(over)}  # fmt: skip
+    print(f"\nin process, medians over {args.rounds} rounds (min-max)")
+    print(f"{'engine':>14} {'C':>3} {'tok/s':>17} {'TPOT p50/p99 ms':>17} {'p99 TPOT / lone':>17}")
+    for key, row in results.items():
+        variant, c = key.split("@")
+        print(f"{variant:>14} {c:>3} {cell(row['tok_s']):>17}"
+              f" {row['tpot_p50_ms']['median']:8.2f}/{row['tpot_p99_ms']['median']:7.2f}"
+              f" {cell(row['p99_tpot_over_lone'], '.2f'):>17}")  # fmt: skip
+    path = Path(args.json).with_name("serve_in_process.json")
+    path.write_text(json.dumps({"host": rates, "threads": args.threads, "shape": SHAPE,
+                                "requests": args.requests, "rounds": args.rounds,
+                                "results": results}, indent=1))  # fmt: skip
+    print(f"wrote {path}")
     return 0
 
 

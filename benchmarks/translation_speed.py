@@ -42,18 +42,22 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from engines import MARIAN_SMALL, ct2_engine, ct2_folder, ct2_tokens, marian_folder
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 from torch import nn
 
 import aiayn
 from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.files import data_dir, read_lines
+from aiayn.device import cpu_has_bf16
 from aiayn.generate.beam import BeamConfig, beam_search
 from aiayn.inspect.calc import training_flops_per_token
+from aiayn.models.precision import Precision, apply_precision
 from aiayn.nn.cpu_kernels import for_decoding
 from aiayn.nn.positions import sinusoidal_table
 
 V, D, H, FF, LAYERS, PAIRS, LEN = 8000, 256, 4, 1024, 3, 128, 32
+ENGINE_ROOT = Path(__file__).resolve().parent / ".engines"  # the HF folders all engines read
 
 
 def ours() -> nn.Module:
@@ -195,8 +199,107 @@ def measure_beam(case: dict[str, Any]) -> dict[str, float]:
     return {"s": time.perf_counter() - t0}
 
 
-def measure(case: dict[str, Any]) -> dict[str, float]:
+MARIAN_V = MARIAN_SMALL["vocab_size"]
+ENGINE_SOURCE, ENGINE_OUT = 16, 40  # source tokens (then </s>); output tokens, EOS forbidden
+
+
+def engine_sources(sentences: int) -> torch.Tensor:
+    """(N, 17) random source ids of Marian's vocabulary (not </s>, <unk> or <pad>), then </s>."""
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(2, MARIAN_V - 1, (sentences, ENGINE_SOURCE), generator=g)
+    return torch.cat([src, torch.zeros(sentences, 1, dtype=torch.long)], dim=1)
+
+
+def measure_engine(case: dict[str, Any]) -> dict[str, Any]:
+    """Seconds to translate every sentence, ``batch`` at a time, with beam 4 (alpha 0.6) to
+    exactly 40 tokens (EOS forbidden), and the ids: aiayn (fp32, int8 weights, bf16), HF
+    Marian's ``generate`` and CTranslate2 (fp32, int8), all from one Marian folder."""
+    impl, folder = case["impl"], marian_folder(ENGINE_ROOT)
+    src, batch = engine_sources(case["sentences"]), case["batch"]
+    chunks = [src[i : i + batch] for i in range(0, len(src), batch)]
+    if impl.startswith("ct2-"):
+        ct2 = ct2_folder(folder)
+        tokens = ct2_tokens(ct2)
+        index = {t: i for i, t in enumerate(tokens)}
+        engine = ct2_engine("translator", ct2, impl.removeprefix("ct2-"), case["threads"])
+
+        def decode(c: torch.Tensor) -> list[list[int]]:
+            out = engine.translate_batch([[tokens[i] for i in row] for row in c.tolist()],
+                                         beam_size=4, length_penalty=0.6, max_decoding_length=ENGINE_OUT,
+                                         min_decoding_length=ENGINE_OUT)  # fmt: skip
+            return [[index[t] for t in r.hypotheses[0]] for r in out]
+
+    elif impl == "hf-marian":
+        from transformers import MarianMTModel
+
+        model = MarianMTModel.from_pretrained(folder).eval()
+
+        def decode(c: torch.Tensor) -> list[list[int]]:
+            with torch.no_grad():
+                out = model.generate(input_ids=c, num_beams=4, length_penalty=0.6, max_new_tokens=ENGINE_OUT,
+                                     min_new_tokens=ENGINE_OUT, do_sample=False, early_stopping=True)  # fmt: skip
+            return out[:, 1:].tolist()  # type: ignore[no-any-return]
+
+    else:
+        precision = {"aiayn": Precision(dtype="float32"),
+                     "aiayn-int8": Precision(dtype="float32", quantize="int8"),
+                     "aiayn-bf16": Precision(dtype="bfloat16")}[impl]  # fmt: skip
+        model = apply_precision(aiayn.load(folder).model, torch.device("cpu"), precision)
+        config = BeamConfig(
+            beam_size=4, length_penalty=0.6, max_extra=ENGINE_OUT - ENGINE_SOURCE - 1
+        )
+
+        def decode(c: torch.Tensor) -> list[list[int]]:
+            # EOS (0) forbidden, the decoder starting from <pad>, as Marian's does
+            return beam_search(model, c, bos=MARIAN_V - 1, eos=0, config=config, never=(0,))  # type: ignore[arg-type]
+
+    packing = for_decoding(model, 4 * batch) if impl.startswith("aiayn") else None
+    with torch.no_grad(), packing or contextlib.nullcontext():
+        decode(chunks[0][:1])  # warm-up, untimed
+        t0 = time.perf_counter()
+        ids = [row for c in chunks for row in decode(c)]
+    return {"s": time.perf_counter() - t0, "ids": ids}
+
+
+def measure(case: dict[str, Any]) -> dict[str, Any]:
+    if case["what"] == "engine":
+        return measure_engine(case)
     return measure_train(case) if case["what"] == "train" else measure_beam(case)
+
+
+def engines_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[str, Any]:
+    """Marian-small shape, beam 4 to 40 tokens, at batch 64 and 1: every engine interleaved;
+    sentences/s, aiayn's ratios, and every engine's ids against aiayn fp32's."""
+    impls = ["aiayn", "aiayn-int8", "hf-marian", "ct2-float32", "ct2-int8"]
+    if cpu_has_bf16():
+        impls.append("aiayn-bf16")
+    print(f"\n{'Marian-small, beam 4':<22}{'engine':<13}{'sentences/s':>22}{'aiayn int8 / it':>16}"
+          f"{'aiayn / it':>11}{'same ids':>10}")  # fmt: skip
+    table: dict[str, Any] = {}
+    for batch, n in ((64, args.engine_sentences), (1, args.engine_sentences_b1)):
+        cases = [{"name": impl, "what": "engine", "impl": impl, "batch": batch, "sentences": n,
+                  **common} for impl in impls]  # fmt: skip
+        got = interleaved(__file__, cases, args.rounds)
+        rows = {impl: spread([n / r["s"] for r in runs]) for impl, runs in got.items() if runs}
+        if "aiayn" not in rows:
+            continue
+        reference = got["aiayn"][0]["ids"]
+        for impl, sp in rows.items():
+            sp["aiayn_over"] = rows["aiayn"]["median"] / sp["median"]
+            if "aiayn-int8" in rows:
+                sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
+            sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
+            print(f"{'batch ' + str(batch):<22}{impl:<13}{cell(sp, '.2f'):>22}"
+                  f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
+                  f"{sp['agreement']:>10.1%}")  # fmt: skip
+        table[f"b{batch}"] = rows
+    return table
+
+
+def agreement(ids: list[list[int]], reference: list[list[int]]) -> float:
+    """The share of positions where ``ids`` equal the reference's."""
+    pairs = [(a, b) for x, y in zip(ids, reference, strict=True) for a, b in zip(x, y, strict=True)]
+    return sum(a == b for a, b in pairs) / max(len(pairs), 1)
 
 
 def training_table(
@@ -243,6 +346,11 @@ def main() -> int:
     ap.add_argument("--sentences-b1", type=int, default=8, help="beam search at batch 1")
     ap.add_argument("--quick", action="store_true", help="1 round, 2 steps: a smoke run")
     ap.add_argument("--no-train", action="store_true", help="skip the training table")
+    ap.add_argument("--engines", action="store_true",
+                    help="only the engines table: Marian-small shape, beam 4 to 40 tokens, aiayn"
+                    " at fp32, int8 (and bf16) against HF Marian and CTranslate2 at fp32 and int8")  # fmt: skip
+    ap.add_argument("--engine-sentences", type=int, default=128, help="engines table, batch 64")
+    ap.add_argument("--engine-sentences-b1", type=int, default=8, help="engines table, batch 1")
     ap.add_argument("--data", default=None)
     ap.add_argument(
         "--json",
@@ -257,6 +365,14 @@ def main() -> int:
     rates = host_rates()
     print(f"{rates_line(rates)}; {args.threads} threads; {args.dtype}; {args.rounds} rounds\n")
     results: dict[str, Any] = {"args": vars(args), "rates_before": rates}
+    if args.engines:
+        results["engines"] = engines_table(args, common)
+        results["rates_after"] = host_rates()
+        print(f"\nafter: {rates_line(results['rates_after'])}")
+        out = Path(args.json or "benchmarks/results/translation_speed_engines.json")
+        out.write_text(json.dumps(results, indent=2))
+        print(f"wrote {out}")
+        return 0
 
     if not args.no_train:
         results["train_ms_per_step"] = training_table(args, rates, common)

@@ -15,6 +15,7 @@ from aiayn.generate.beam import BeamConfig
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.interop.generation_config import GenerationIds, generation_of
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
+from aiayn.models.precision import Precision, apply_precision
 from aiayn.train.loop import FitResult
 
 M = TypeVar("M", bound=TransformerModel)
@@ -60,28 +61,29 @@ def _device(args: argparse.Namespace) -> torch.device:
     return resolve_device(getattr(args, "device", "auto") or "auto")
 
 
-def _load_as(path: str, kind: type[M], what: str, device: torch.device | None) -> tuple[M, Bundle]:
+def _load_as(
+    path: str, kind: type[M], what: str, device: torch.device | None,
+    precision: Precision | None = None,
+) -> tuple[M, Bundle]:  # fmt: skip
     """The model of the checkpoint, run or Hugging Face folder ``path``
     (:func:`aiayn.checkpoint.load`), which must be a ``kind`` (``what`` names it in the
-    error), in evaluation mode and, given a ``device``, ready for inference there; and its
-    bundle."""
-    from aiayn.device import for_inference
-
+    error), in evaluation mode and, given a ``device``, ready for inference there in
+    ``precision`` (the device's dtype by default); and its bundle."""
     bundle = load(path)
     model = bundle.model
     if not isinstance(model, kind):
         raise ValueError(f"{path} holds a {type(model).__name__}, not {what}")
     if device is not None:
-        for_inference(model, device)
+        apply_precision(model, device, precision or Precision())
     return model.eval(), bundle
 
 
 def _load_translator(
-    path: str, device: torch.device | None = None
+    path: str, device: torch.device | None = None, precision: Precision | None = None
 ) -> tuple[EncoderDecoder, BPETokenizer | MarianTokenizer, GenerationIds]:
     """A translation model, its tokenizer and its folder's generation ids (none for a model
     aiayn trained)."""
-    model, bundle = _load_as(path, EncoderDecoder, "a translation model", device)
+    model, bundle = _load_as(path, EncoderDecoder, "a translation model", device, precision)
     if not isinstance(bundle.tokenizer, BPETokenizer | MarianTokenizer):
         raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
     return model, bundle.tokenizer, generation_of(bundle.run)
@@ -111,11 +113,11 @@ def _check_out(path: str, overwrite: bool) -> None:
 
 
 def _load_lm(
-    path: str, device: torch.device | None = None
+    path: str, device: torch.device | None = None, precision: Precision | None = None
 ) -> tuple[DecoderLM, Tokenizer, GenerationIds]:
     """A decoder-only model, its tokenizer and its BOS / PAD / EOS ids (generation_config.json
     of a Hugging Face folder; none for a model aiayn trained)."""
-    model, bundle = _load_as(path, DecoderLM, "a decoder-only language model", device)
+    model, bundle = _load_as(path, DecoderLM, "a decoder-only language model", device, precision)
     return model, bundle.tokenizer, generation_of(bundle.run)
 
 
@@ -156,6 +158,22 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
     )
+
+
+def _add_precision(p: argparse.ArgumentParser) -> None:
+    """The precision a command decodes in (aiayn/models/precision.py)."""
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="weights and activations (auto: the device's: bf16 on a GPU, fp32 on"
+                   " a CPU); bfloat16 halves what a CPU with bf16 units reads per token")  # fmt: skip
+    p.add_argument("--quantize", choices=("int8",), default=None,
+                   help="int8 linear weights (one scale per output channel): a quarter of"
+                   " fp32's bytes per token; a checkpoint already in int8 needs no flag")  # fmt: skip
+    p.add_argument("--kv-cache-dtype", choices=("float32", "bfloat16"), default=None,
+                   help="keep keys and values in this dtype (default: the model's)")  # fmt: skip
+
+
+def _precision(args: argparse.Namespace) -> Precision:
+    return Precision(dtype=args.dtype, quantize=args.quantize, kv_cache=args.kv_cache_dtype)
 
 
 def _add_decoding(p: argparse.ArgumentParser) -> None:

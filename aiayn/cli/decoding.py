@@ -11,11 +11,13 @@ import torch
 from aiayn.cli.common import (
     _add_decoding,
     _add_device,
+    _add_precision,
     _beam,
     _device,
     _load_encoder,
     _load_lm,
     _load_translator,
+    _precision,
     _sampling,
 )
 from aiayn.data.files import read_text, split_lines
@@ -28,7 +30,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from aiayn.generate import generate
     from aiayn.generate.text import TextStream
 
-    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args))
+    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args), _precision(args))
     eos = () if args.ignore_eos else ids.eos
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
@@ -62,7 +64,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     ``/reset`` starts again, ``/exit`` (or end of input) leaves."""
     from aiayn.generate.chat import Chat
 
-    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args))
+    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args), _precision(args))
     if not isinstance(tokenizer, BPETokenizer):
         raise ValueError(
             f"{args.checkpoint}: a chat needs a Hugging Face tokenizer with a template"
@@ -101,7 +103,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_translate(args: argparse.Namespace) -> int:
     from aiayn.generate.translate import translate
 
-    model, tokenizer, ids = _load_translator(args.checkpoint, _device(args))
+    model, tokenizer, ids = _load_translator(args.checkpoint, _device(args), _precision(args))
     text_in = read_text(args.input) if args.input else sys.stdin.read()
     lines = split_lines(text_in)
     out = translate(
@@ -198,6 +200,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--ignore-eos", action="store_true", help="go on past the checkpoint's end-of-text ids"
     )
     _add_device(p)
+    _add_precision(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="talk to a chat model in the terminal (its chat template)")
@@ -210,6 +213,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     _add_device(p)
+    _add_precision(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("translate", help="translate lines (stdin -> stdout, or files)")
@@ -220,6 +224,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--truncate", action="store_true", help="cut over-long lines instead of failing")
     _add_decoding(p)
     _add_device(p)
+    _add_precision(p)
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser(

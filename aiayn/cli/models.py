@@ -45,7 +45,8 @@ def cmd_calc(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    """Hugging Face checkpoint folders in (--from-hf) and out (--to-hf FAMILY)."""
+    """Hugging Face checkpoint folders in (--from-hf) and out (--to-hf FAMILY); a checkpoint
+    with int8 weights (--quantize int8)."""
     from aiayn.interop.hf_folder import convert_from_hf, save_hf_folder
 
     _check_out(args.out, args.overwrite)
@@ -54,8 +55,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"wrote the aiayn checkpoint {path}")
         return 0
     if not args.checkpoint:
-        raise ValueError("--to-hf needs --checkpoint (the aiayn checkpoint to export)")
+        raise ValueError(f"{'--quantize' if args.quantize else '--to-hf'} needs --checkpoint")
     bundle = load(args.checkpoint)
+    if args.quantize:  # an aiayn checkpoint with int8 weights (aiayn/nn/quantized.py)
+        from aiayn.checkpoint import save_bundle
+        from aiayn.nn.quantized import quantize
+
+        if bundle.model.config.quantization == "int8":
+            raise ValueError(f"{args.checkpoint} is already quantized to int8")
+        model = quantize(bundle.model.float())
+        path = save_bundle(args.out, model, bundle.tokenizer, bundle.run)  # type: ignore[arg-type]
+        print(f"wrote the int8 checkpoint {path}")
+        return 0
     if not isinstance(bundle.model, DecoderLM | EncoderLM | EncoderDecoder):
         raise ValueError(f"{args.checkpoint}: a {type(bundle.model).__name__} has no HF layout")
     tok = bundle.tokenizer if isinstance(bundle.tokenizer, BPETokenizer) else None
@@ -112,8 +123,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--to-hf", metavar="FAMILY", choices=list(FAMILIES),
         help=f"write --checkpoint as this HF family ({', '.join(FAMILIES)})",
     )  # fmt: skip
+    way.add_argument(
+        "--quantize", choices=("int8",),
+        help="write --checkpoint (aiayn's or a Hugging Face folder) with int8 linear weights:"
+        " it loads and decodes as it is, without quantizing again",
+    )  # fmt: skip
     p.add_argument(
-        "--checkpoint", help="the aiayn checkpoint or run folder to export (with --to-hf)"
+        "--checkpoint", help="the checkpoint or run folder to export (--to-hf) or quantize"
     )
     p.add_argument(
         "--out", required=True, help="the folder to write (an existing one: --overwrite)"

@@ -9,7 +9,9 @@ import sys
 from aiayn.checkpoint import load
 from aiayn.cli.common import (
     _add_device,
+    _add_precision,
     _device,
+    _precision,
 )
 from aiayn.config import presets
 from aiayn.interop.generation_config import generation_of
@@ -19,13 +21,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/): the engine runs
     in this (main) thread, the HTTP server in another, and Ctrl-C or SIGTERM stops both
     (aiayn/serve/server.py)."""
-    from aiayn.device import for_inference
     from aiayn.interop.sentence_transformers import read_pooling
+    from aiayn.models.precision import apply_precision
     from aiayn.serve.app import create_app
     from aiayn.serve.server import run_server
 
     bundle = load(args.checkpoint)
-    model = for_inference(bundle.model, _device(args))
+    model = apply_precision(bundle.model, _device(args), _precision(args))
     app = create_app(
         model,
         bundle.tokenizer,
@@ -127,4 +129,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="require 'Authorization: Bearer KEY' on /v1/... (default: $AIAYN_API_KEY, or open)",
     )
     _add_device(p)
+    _add_precision(p)
     p.set_defaults(func=cmd_serve)

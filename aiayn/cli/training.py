@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -13,10 +14,12 @@ from aiayn.checkpoint import load
 from aiayn.cli.common import (
     _add_decoding,
     _add_device,
+    _add_precision,
     _add_set,
     _beam,
     _device,
     _load_translator,
+    _precision,
     _print_result,
     _train_overrides,
 )
@@ -118,12 +121,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import math
 
     from aiayn.data.lm_data import TokenStream
-    from aiayn.device import for_inference
     from aiayn.evaluate.perplexity import evaluate_lm
+    from aiayn.models.precision import apply_precision
+    from aiayn.nn.cpu_kernels import for_decoding
 
     bundle = load(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
-    for_inference(model, _device(args))
+    apply_precision(model, _device(args), _precision(args))
     data = bundle.run.get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)
@@ -135,7 +139,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     path = Path(text) if Path(text).is_file() else data_dir(args.data) / text
     stream = TokenStream.from_file(path, tokenizer, train_fraction=data.get("train_fraction", 0.9))
     block = args.block or model.config.max_len
-    loss = evaluate_lm(model, stream, batches=args.batches, batch_size=args.batch_size, block=block)  # type: ignore[arg-type]
+    # int8 weights run their decoding kernel (quantized activations), as generation does
+    int8 = model.config.quantization == "int8"
+    with for_decoding(model, args.batch_size * block) if int8 else contextlib.nullcontext():
+        loss = evaluate_lm(
+            model,  # type: ignore[arg-type]
+            stream,
+            batches=args.batches,
+            batch_size=args.batch_size,
+            block=block,
+        )
     print(f"validation loss    {loss:.4f} nats/token")
     print(f"perplexity         {math.exp(loss):.3f}")
     if tokenizer.kind == "char":
@@ -266,6 +279,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=None, help="write the translations to this file")
     _add_decoding(p)
     _add_device(p)
+    _add_precision(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(

@@ -137,7 +137,7 @@ def stream(
     """
     cfg = model.config
     rows = _prepare(prompts, max_new_tokens, cfg.max_len, truncate)
-    device = model.head.weight.device
+    device = next(model.parameters()).device
     eos = _eos_ids(eos_id)
     stop_ids = torch.tensor(eos, dtype=torch.long, device=device)  # (E,)
     ids, real = _left_padded(rows, device)  # (B, P)

@@ -443,6 +443,47 @@ def attention_score_bytes(
     return batch * config.attention.n_heads * context * context * dtype_size(dtype_bytes)
 
 
+# Precisions of decoding (aiayn/models/precision.py): bytes per linear weight, per cached key or
+# value element.  int8 weights keep an fp32 KV cache unless the cache is asked for in bf16.
+DECODING_PRECISIONS: dict[str, tuple[float, int]] = {
+    "float32": (4, 4),
+    "bfloat16": (2, 2),
+    "int8": (1, 4),
+    "int8 + bf16 KV cache": (1, 2),
+}
+
+
+def decoding_matmul_parameters(config: ModelConfig) -> int:
+    """The matmul weights one decoded token goes through: all of them for a decoder-only
+    model, the decoder's and the output projection for an encoder-decoder (the encoder runs
+    once per sentence, not per token)."""
+    c = _transformer(config)
+    n = matmul_parameters(c)
+    if c.arch == "encoder-decoder":
+        n -= c.n_layers * (_attention_weights(c) + _ffn_active_weights(c))
+    return n
+
+
+def decoding_bytes_per_token(config: ModelConfig, context: int, precision: str) -> int:
+    """Bytes read to decode one token at batch 1 after ``context`` cached tokens: every
+    decoding weight once (:func:`decoding_matmul_parameters`, plus one fp32 scale per output
+    row for int8) and every cached key and value (an encoder-decoder's cross-attention keys
+    and values of a ``context``-token source too).  At batch 1 decoding is bound by these
+    reads, so they bound its speed: tokens/s <= memory bandwidth / bytes."""
+    if precision not in DECODING_PRECISIONS:
+        raise ValueError(
+            f"precision {precision!r} is invalid: expected one of {', '.join(DECODING_PRECISIONS)}"
+        )
+    c = config
+    if c.arch == "encoder":
+        return 0
+    weight_bytes, kv_bytes = DECODING_PRECISIONS[precision]
+    n = decoding_matmul_parameters(c)
+    scales = 4 * (n // c.d_model) if weight_bytes == 1 else 0  # about one row per d_model
+    cached = kv_cached_positions(c, context) + (context if c.arch == "encoder-decoder" else 0)
+    return int(n * weight_bytes) + scales + kv_cache_bytes_per_token(c, kv_bytes) * cached
+
+
 # ----- the report -----------------------------------------------------------------------------
 
 
@@ -470,6 +511,8 @@ class CostReport:
     cross_kv_cache_bytes: int
     attention_sublayers: int
     attention_score_bytes: int  # per sublayer, reference backend
+    # bytes read per decoded token at batch 1 after `context` tokens, by precision
+    decoding_bytes_per_token: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -530,8 +573,11 @@ def cost_report(
         cross_kv_cache_bytes=cross_kv_cache_bytes(c, context, batch, size),
         attention_sublayers=_attention_sublayers(c),
         attention_score_bytes=attention_score_bytes(c, context, batch, size),
+        decoding_bytes_per_token={
+            p: decoding_bytes_per_token(c, context, p) for p in DECODING_PRECISIONS
+        } if c.arch != "encoder" else {},
         notes=tuple(notes),
-    )
+    )  # fmt: skip
 
 
 def _scaled(value: float, step: float, units: list[str]) -> str:
@@ -595,6 +641,11 @@ def format_cost_report(report: CostReport) -> str:
         f"  attention scores     {format_bytes(r.attention_score_bytes):>10}  per sublayer"
         f" (x{r.attention_sublayers}) with the reference backend; sdpa/flash avoid them"
     )
+    if r.decoding_bytes_per_token:
+        lines.append(f"  decoding at batch 1, read per token after {r.context:,} tokens:")
+        lines += [
+            f"    {p:<22} {format_bytes(n):>10}" for p, n in r.decoding_bytes_per_token.items()
+        ]
     lines += [f"  note: {note}" for note in r.notes]
     return "\n".join(lines)
 

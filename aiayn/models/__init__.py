@@ -34,15 +34,22 @@ def build_model(preset_or_config: str | ModelConfig, **overrides: Any) -> Transf
     ``build_model("paper-base", n_layers=2)``.
     """
     config = resolve_config(preset_or_config, **overrides)
+    model: TransformerModel
     if config.vision.image_size is not None:  # the Vision Transformer (aiayn/models/vision.py)
         from aiayn.models.vision import VisionTransformer
 
-        return VisionTransformer(config)
-    if config.rnn.cell is not None:  # the recurrent baselines (aiayn/models/rnn.py)
+        model = VisionTransformer(config)
+    elif config.rnn.cell is not None:  # the recurrent baselines (aiayn/models/rnn.py)
         from aiayn.models.rnn import RNNEncoderDecoder
 
-        return RNNEncoderDecoder(config)
-    return _FAMILIES[config.arch](config)
+        model = RNNEncoderDecoder(config)
+    else:
+        model = _FAMILIES[config.arch](config)
+    if config.quantization == "int8":  # int8 weights, loaded as saved (aiayn/nn/quantized.py)
+        from aiayn.nn.quantized import int8_structure
+
+        int8_structure(model)
+    return model
 
 
 __all__ = [

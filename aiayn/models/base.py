@@ -49,6 +49,9 @@ class TransformerModel(nn.Module):
 
     config: ModelConfig
     cache_layers: int = 0  # layers a KV cache needs (decoder self-attention layers)
+    # The dtype new KV caches keep keys and values in; None: the model's own
+    # (aiayn/models/precision.py sets it for decoding).
+    cache_dtype: torch.dtype | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -155,6 +158,7 @@ class TransformerModel(nn.Module):
             positions=embed.positions.state(positions, key_positions),
             cache=cache,
             record=record,
+            row_groups=None if cache is None else cache.row_groups,
         )
         return x, ctx
 
@@ -176,7 +180,7 @@ class TransformerModel(nn.Module):
             capacity,
             c.head_dim,
             window=c.attention.sliding_window,
-            dtype=dtype or p.dtype,
+            dtype=dtype or self.cache_dtype or p.dtype,
             device=p.device,
             recurrent=[i for i in range(self.cache_layers) if c.mixer_at(i) != "attention"],
         )

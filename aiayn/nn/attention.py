@@ -58,6 +58,11 @@ class AttentionCall:
     window: int | None = None  # causal sliding window: a query sees its last `window` keys
     dropout_p: float = 0.0  # on the attention weights; 0 in evaluation
     return_weights: bool = False  # also return the (..., T, S) weights (reference backend)
+    # Ragged rows of a decoding step: ((a, b, keys), ...) -- rows a .. b-1 read only their
+    # first `keys` keys (the mask still says which of those each row may see).  Rows of
+    # different lengths then cost what they hold, not the longest row's length each
+    # (aiayn/serve/slots.py groups a serving pool's rows so).  None: every row reads all keys.
+    row_groups: tuple[tuple[int, int, int], ...] | None = None
 
     def for_lengths(self, t: int, s: int) -> AttentionCall:
         """This call for T queries and S keys.  One query at the newest position (a decoding
@@ -72,7 +77,18 @@ class AttentionCall:
             mask=self.mask,
             dropout_p=self.dropout_p,
             return_weights=self.return_weights,
+            row_groups=self.row_groups,
         )
+
+    def for_rows(self, a: int, b: int, keys: int) -> AttentionCall:
+        """This call for rows a .. b-1 and their first ``keys`` keys (a ragged group)."""
+        mask = self.mask
+        if mask is not None and mask.dim() >= 3 and mask.shape[0] > 1:
+            mask = mask[a:b, ..., :keys]
+        elif mask is not None:
+            mask = mask[..., :keys]
+        return AttentionCall(scale=self.scale, mask=mask, causal=self.causal, window=self.window,
+                             dropout_p=self.dropout_p)  # fmt: skip
 
 
 class Backend(Protocol):
@@ -223,8 +239,17 @@ def attention_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
 def attend(
     q: Tensor, k: Tensor, v: Tensor, call: AttentionCall, backend_name: str = "sdpa"
 ) -> tuple[Tensor, Tensor | None]:
-    """Eq. (1) by the named backend, without argument checks (see the module docstring)."""
-    return backend(backend_name)(q, k, v, call.for_lengths(q.shape[-2], k.shape[-2]))
+    """Eq. (1) by the named backend, without argument checks (see the module docstring).
+    A decoding step with ``call.row_groups`` attends group by group, each group over its own
+    keys only."""
+    call = call.for_lengths(q.shape[-2], k.shape[-2])
+    fn = backend(backend_name)
+    groups = call.row_groups
+    if groups is None or call.return_weights or q.shape[-2] != 1 or len(groups) < 2:
+        return fn(q, k, v, call)
+    out = [fn(q[a:b], k[a:b, ..., :n, :], v[a:b, ..., :n, :], call.for_rows(a, b, n))[0]
+           for a, b, n in groups]  # fmt: skip
+    return torch.cat(out), None  # (B, H, 1, D)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:

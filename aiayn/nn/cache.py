@@ -260,6 +260,12 @@ class Cache:
         self.real = self.real + keep.long().sum(-1)
         return read, positions.clamp(min=0)
 
+    @property
+    def row_groups(self) -> tuple[tuple[int, int, int], ...] | None:
+        """Groups of rows that read only their own keys in this step (a serving pool's ragged
+        rows, aiayn/serve/slots.py); None: every row reads every key."""
+        return None
+
     def advance(
         self, t: int, keep: Tensor | None, device: torch.device
     ) -> tuple[Tensor | None, Tensor, Tensor]:

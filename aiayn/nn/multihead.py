@@ -143,12 +143,20 @@ class MultiHeadAttention(nn.Module):
         )
 
     def attend_heads(
-        self, q: Tensor, k: Tensor, v: Tensor, ctx: Context, call: AttentionCall, groups: int = 1
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        ctx: Context,
+        call: AttentionCall,
+        groups: int = 1,
+        out_dtype: torch.dtype | None = None,
     ) -> Tensor:
         """Eq. (1) over the heads, then Concat(heads) W^O: (B, H, T', D) queries, (B', H_kv,
         S, D) keys and values -> (B, T, C).  ``groups`` > 1 when beam search folded G rows'
         queries into one row per memory row (T' = G·T, B' = B / G).  Records weights and
-        scores, one record row per query row, when ``ctx.record`` asks."""
+        scores, one record row per query row, when ``ctx.record`` asks.  ``out_dtype``: the
+        dtype W^O takes, when attention ran in another (a KV cache kept in bf16)."""
         record = ctx.record
         want = record is not None and record.wants_attention
         scores: Tensor | None = None
@@ -175,6 +183,8 @@ class MultiHeadAttention(nn.Module):
             )
         if groups > 1:
             out = unfold_groups(out, groups)  # (B, H, T, D)
+        if out_dtype is not None:
+            out = out.to(out_dtype)
         return self.out(out.transpose(1, 2).flatten(2))  # (B, H, T, D) -> (B, T, C)
 
     @staticmethod
@@ -212,7 +222,15 @@ class SelfAttention(MultiHeadAttention):
             k, v = ctx.cache.layers[self.layer].self_kv.update(k, v)  # (B, H_kv, S, D)
         mask = add_bias(ctx.mask, ctx.positions.score_bias())
         weights = ctx.record is not None and ctx.record.weights
-        return self.attend_heads(q, k, v, ctx, self.call(mask, ctx.causal, ctx.window, weights))
+        call = self.call(mask, ctx.causal, ctx.window, weights)
+        call.row_groups = ctx.row_groups
+        if k.dtype == q.dtype:
+            return self.attend_heads(q, k, v, ctx, call)
+        # The cache keeps keys and values in another dtype (aiayn/models/precision.py):
+        # attention runs in it, reading half the bytes of fp32 for a bf16 cache.
+        if mask is not None and mask.is_floating_point():
+            call.mask = mask.to(k.dtype)
+        return self.attend_heads(q.to(k.dtype), k, v, ctx, call, out_dtype=q.dtype)
 
     @torch.no_grad()
     def load_from_torch(self, ref: nn.MultiheadAttention) -> None:

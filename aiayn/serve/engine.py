@@ -405,15 +405,17 @@ class Engine:
             self._release(r, reason)
 
     def _release(self, r: Request, reason: str | None, error: str | None = None) -> None:
-        """Finish ``r`` and free its row at once (the last running row moves into it)."""
+        """Finish ``r`` and free its row at once: the running rows after it move up one, so
+        that they stay in the order they started -- nearly the order of their lengths, which
+        lets attention read each group of neighbours only up to its own longest
+        (aiayn/serve/slots.py)."""
         if r in self.running:
             i = self.running.index(r)
             last = len(self.running) - 1
-            if i != last:
-                self.pool.move(last, i)
-                self.running[i] = self.running[last]
-                self.running[i].row = i
-            self.running.pop()
+            for j in range(i + 1, last + 1):
+                self.pool.move(j, j - 1)
+                self.running[j].row = j - 1
+            self.running.pop(i)
             self.free_rows.append(last)
         elif r in self.prefilling:
             self.prefilling.remove(r)

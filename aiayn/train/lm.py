@@ -139,6 +139,11 @@ def initial_model(run: RunConfig, block_size: int) -> tuple[TransformerModel, To
             f" {run.model.max_len} tokens"
         )
     bundle = load(run.init_from)
+    if bundle.model.config.quantization is not None:
+        raise ValueError(
+            f"[model] init_from={run.init_from} holds int8 weights, which do not train: start"
+            " from the fp32 checkpoint it was quantized from"
+        )
     model = build_model(run.model)
     model.load_state_dict(bundle.model.state_dict())  # cast to the new model's fp32
     return model, bundle.tokenizer

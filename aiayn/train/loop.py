@@ -460,6 +460,11 @@ def train_run(
             f" (decoder-only, and encoders' masked-LM training); this run trains a"
             f" {model_type.__name__} (train it from scratch)"
         )
+    if run.model.quantization is not None:
+        raise ValueError(
+            f"model.quantization={run.model.quantization!r}: int8 weights are for decoding and"
+            " do not train; train (or fine-tune) the fp32 model, then aiayn convert --quantize"
+        )
     rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
     state: TrainState | None = None
     if resumed is not None:

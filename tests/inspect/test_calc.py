@@ -247,3 +247,33 @@ def test_cli_calc(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     assert data["parameters"] == parameter_count(get_preset("gpt2-small", n_layers=3))
     assert main(["calc", "no-such-model"]) == 2
     assert "neither a preset" in capsys.readouterr().err
+
+
+def test_decoding_bytes_per_token_are_the_weights_and_the_cache_a_step_reads() -> None:
+    """Counted against the tensors of a built model: the decoding step's linear weights (the
+    decoder's and the output projection; an encoder-decoder's encoder is not read per token)
+    in each precision, and the cached keys and values of ``context`` tokens."""
+    from aiayn.inspect.calc import decoding_bytes_per_token
+    from aiayn.nn.linear import Linear
+
+    for preset in ("gpt2-small", "paper-base"):
+        model = aiayn.build_model(preset, n_layers=2, d_model=64, n_heads=4, d_ff=256,
+                                  vocab_size=500, max_len=64)  # fmt: skip
+        skip = "encoder." if preset == "paper-base" else "\0"
+        linears = [
+            m for n, m in model.named_modules() if isinstance(m, Linear) and not n.startswith(skip)
+        ]
+        weights = sum(m.weight.numel() for m in linears)
+        cache = model.new_cache(1, 64)
+        kv_fp32 = cache.nbytes() // 64  # per position
+        cross = 16 if preset == "paper-base" else 0  # the source's keys and values
+        c = model.config
+        assert decoding_bytes_per_token(c, 16, "float32") == 4 * weights + kv_fp32 * (16 + cross)
+        assert decoding_bytes_per_token(c, 16, "bfloat16") == 2 * weights + kv_fp32 // 2 * (
+            16 + cross
+        )
+        rows = sum(m.out_features for m in linears)  # one fp32 scale each in int8
+        got = decoding_bytes_per_token(c, 16, "int8") - kv_fp32 * (16 + cross)
+        assert weights + 4 * rows <= got <= weights + 4 * weights // c.d_model
+    with pytest.raises(ValueError, match="precision 'fp8' is invalid"):
+        decoding_bytes_per_token(get_preset("gpt2-small"), 16, "fp8")

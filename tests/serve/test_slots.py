@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -82,3 +84,70 @@ def test_rows_of_one_length_take_the_unmasked_path_and_agree() -> None:
     torch.testing.assert_close(
         m(step, cache=cache)[:, -1], m(torch.cat([prompts, step], 1))[:, -1], atol=1e-5, rtol=1e-5
     )
+
+
+def brute_force(keys: list[int], call: int) -> float:
+    """The cheapest cost of any split into contiguous groups, by trying every split."""
+    n, best = len(keys), float("inf")
+    for mask in range(1 << (n - 1)):  # bit i set: a group ends after row i
+        cost, start = 0.0, 0
+        for i in range(n):
+            if i == n - 1 or mask >> i & 1:
+                cost += (i + 1 - start) * max(keys[start : i + 1]) + call
+                start = i + 1
+        best = min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ragged_groups_are_the_cheapest_split(seed: int) -> None:
+    from aiayn.serve.slots import GROUP_CALL_COST, ragged_groups
+
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randint(
+        1, 400, (int(torch.randint(2, 11, (1,), generator=g)),), generator=g
+    ).tolist()
+    groups = ragged_groups(keys) or ((0, len(keys), max(keys)),)
+    assert groups[0][0] == 0 and groups[-1][1] == len(keys)
+    assert all(b == a2 for (_, b, _), (a2, _, _) in itertools.pairwise(groups))
+    assert all(n == max(keys[a:b]) for a, b, n in groups)
+    cost = sum((b - a) * n + GROUP_CALL_COST for a, b, n in groups)
+    assert cost == brute_force(keys, GROUP_CALL_COST)
+
+
+@pytest.mark.parametrize("positional", ["learned", "alibi"])
+@torch.no_grad()
+def test_ragged_rows_read_only_their_own_keys_and_agree(
+    positional: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every row its own group (no call cost), each row's attention reads only the
+    cache up to its own length, yet every row's logits are those of the row decoded alone."""
+    from aiayn.nn import attention
+    from aiayn.serve import slots
+
+    monkeypatch.setattr(slots, "GROUP_CALL_COST", 0)
+    m = lm(positional=positional, n_kv_heads=2)
+    pool = SlotPool(m, slots=4)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 50, (n,), generator=g) for n in (30, 2, 17, 9)]
+    for row, p in enumerate(prompts):
+        m(p[None], cache=pool.row_cache(row))
+        pool.lengths[row] = len(p)
+    read: list[int] = []
+    sdpa = attention.sdpa_backend
+
+    def spy(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: attention.AttentionCall
+    ) -> object:
+        read.append(k.shape[-2])
+        return sdpa(q, k, v, call)
+
+    monkeypatch.setitem(attention.registry.REGISTRY["attention_backend"], "sdpa", spy)
+    cache = pool.batch_cache(4)
+    assert cache.row_groups == ((0, 1, 31), (1, 2, 3), (2, 3, 18), (3, 4, 10))
+    step = torch.tensor([[3], [4], [5], [6]])
+    got = m(step, cache=cache)[:, -1]  # (4, V)
+    assert read == [31, 3, 18, 10] * 2  # per layer: each row up to its own length
+    for row, p in enumerate(prompts):
+        alone = m(torch.cat([p, step[row]])[None])[0, -1]
+        torch.testing.assert_close(got[row], alone, atol=1e-5, rtol=1e-5)

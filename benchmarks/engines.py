@@ -1,0 +1,130 @@
+"""The decoding peers' common ground: one Hugging Face folder, read by aiayn and converted by
+CTranslate2's own converter, so that every engine decodes the same weights.
+
+* :func:`gpt2_folder` -- a ``GPT2LMHeadModel`` of a given shape, seeded random weights, with a
+  tokenizer whose tokens are ``t0`` ... (and ``<|endoftext|>`` last, as GPT-2's);
+* :func:`marian_folder` -- a ``MarianMTModel`` (Marian's conventions: ``</s>`` 0, ``<unk>`` 1,
+  ``<pad>`` last and the decoder's start), with SentencePiece models and ``vocab.json``;
+* :func:`ct2_folder` -- the folder converted by ``ctranslate2.converters.TransformersConverter``
+  (fp32 weights; CTranslate2 quantizes to int8 when a model is loaded with
+  ``compute_type="int8"``).
+
+Folders are cached under the given root by shape, so every process of an interleaved run
+reads the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+# Marian-small (opus-mt's shape) with an 8,000-token vocabulary, as tools/ab_generation.py
+MARIAN_SMALL = {
+    "d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8,
+    "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048,
+    "vocab_size": 8000, "max_position_embeddings": 512,
+}  # fmt: skip
+
+
+def _key(shape: dict[str, int]) -> str:
+    return "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
+
+
+def _token_list(vocab: int) -> list[str]:
+    return [f"t{i}" for i in range(vocab)]
+
+
+def gpt2_folder(root: Path, shape: dict[str, int] = GPT2_SMALL, seed: int = 0) -> Path:
+    """A GPT-2 folder of ``shape`` with seeded random weights (written once)."""
+    import transformers
+    from tokenizers import Tokenizer, models
+
+    folder = root / f"gpt2-{_key(shape)}-s{seed}"
+    if (folder / "tokenizer.json").is_file():
+        return folder
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(**shape, bos_token_id=shape["vocab_size"] - 1,
+                                  eos_token_id=shape["vocab_size"] - 1)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    model.save_pretrained(folder)
+    tokens = [*_token_list(shape["vocab_size"] - 1), "<|endoftext|>"]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="t0"))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>", "unk_token": "t0",
+    }))  # fmt: skip
+    return folder
+
+
+def _spm_model(path: Path, pieces: list[str]) -> None:
+    """A small SentencePiece model (Marian's tokenizer needs one per side; the benchmark feeds
+    token ids, so its pieces do not matter)."""
+    import io
+
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter([" ".join(pieces)] * 50), model_writer=buf,
+                                   vocab_size=64, model_type="word", hard_vocab_limit=False)  # fmt: skip
+    path.write_bytes(buf.getvalue())
+
+
+def marian_folder(root: Path, shape: dict[str, int] = MARIAN_SMALL, seed: int = 0) -> Path:
+    """A Marian folder of ``shape`` with seeded random weights (written once)."""
+    import transformers
+
+    folder = root / f"marian-{_key(shape)}-s{seed}"
+    if (folder / "vocab.json").is_file():
+        return folder
+    v = shape["vocab_size"]
+    torch.manual_seed(seed)
+    cfg = transformers.MarianConfig(**shape, pad_token_id=v - 1, decoder_start_token_id=v - 1,
+                                    eos_token_id=0, forced_eos_token_id=0, scale_embedding=True,
+                                    share_encoder_decoder_embeddings=True)  # fmt: skip
+    model = transformers.MarianMTModel(cfg).eval()
+    model.save_pretrained(folder)
+    tokens = ["</s>", "<unk>", *(f"▁t{i}" for i in range(2, v - 1)), "<pad>"]
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    for side in ("source", "target"):
+        _spm_model(folder / f"{side}.spm", tokens[2:60])
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "MarianTokenizer", "source_lang": "de", "target_lang": "en",
+        "model_max_length": 512,
+    }))  # fmt: skip
+    return folder
+
+
+def ct2_folder(hf: Path) -> Path:
+    """``hf`` converted by CTranslate2's converter (fp32 weights), written once."""
+    import ctranslate2
+
+    out = hf.with_name(hf.name + "-ct2")
+    if not (out / "model.bin").is_file():
+        ctranslate2.converters.TransformersConverter(str(hf)).convert(str(out), force=True)
+    return out
+
+
+def ct2_tokens(ct2: Path) -> list[str]:
+    """The CTranslate2 model's vocabulary, in id order."""
+    for name in ("vocabulary.json", "shared_vocabulary.json"):
+        if (ct2 / name).is_file():
+            tokens: list[str] = json.loads((ct2 / name).read_text())
+            return tokens
+    for name in ("vocabulary.txt", "shared_vocabulary.txt"):
+        if (ct2 / name).is_file():
+            return (ct2 / name).read_text().splitlines()
+    raise FileNotFoundError(f"no vocabulary in {ct2}")
+
+
+def ct2_engine(kind: str, ct2: Path, compute_type: str, threads: int) -> Any:
+    """A CTranslate2 ``Generator`` or ``Translator`` on the CPU, ``threads`` intra-op threads."""
+    import ctranslate2
+
+    cls = ctranslate2.Generator if kind == "generator" else ctranslate2.Translator
+    return cls(str(ct2), device="cpu", compute_type=compute_type, intra_threads=threads,
+               inter_threads=1)  # fmt: skip
