@@ -185,9 +185,10 @@ async def load(url: str, requests: list[dict[str, Any]], concurrency: int) -> di
 
 # ----- in process: the engine itself, without HTTP ---------------------------------------------
 
-# In-process variants: the engine as `aiayn serve` runs it; with the attention of a decoding
-# step padded to the longest row (as before ragged groups); with a bf16 KV cache.
-ENGINES = ("aiayn", "aiayn-padded", "aiayn-bf16kv")
+# In-process variants: the engine as `aiayn serve` runs it (ragged attention); with the
+# attention of a decoding step padded to the longest row, as before; with a bf16 KV cache;
+# with int8 weights; with both (`aiayn serve --quantize int8 --kv-cache-dtype bfloat16`).
+ENGINES = ("aiayn", "aiayn-padded", "aiayn-bf16kv", "aiayn-int8", "aiayn-int8-bf16kv")
 
 
 def engine_load(model: Any, tok: Any, work: list[dict[str, Any]], c: int) -> dict[str, Any]:
@@ -240,7 +241,8 @@ def engine_child(variant: str, checkpoint: str, requests: list[dict[str, Any]],
     if variant == "aiayn-padded":
         slots.ragged_groups = lambda keys: None  # type: ignore[assignment]
     bundle = aiayn.load(checkpoint)
-    precision = Precision(kv_cache="bfloat16" if variant == "aiayn-bf16kv" else None)
+    precision = Precision(kv_cache="bfloat16" if variant.endswith("bf16kv") else None,
+                          quantize="int8" if "int8" in variant else None)  # fmt: skip
     model = apply_precision(bundle.model, torch.device("cpu"), precision)
     engine_load(model, bundle.tokenizer, requests[:4], 2)  # warm-up
     return [engine_load(model, bundle.tokenizer, requests, c) for c in concurrencies]

@@ -75,7 +75,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.device import best_seconds
+from aiayn.device import best_seconds, cpu_flags
 from aiayn.nn.linear import Linear
 from aiayn.nn.quantized import Int8Linear
 
@@ -248,8 +248,13 @@ class DecodingInt8Linear(Int8Linear):
             return super().forward(x)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         flat = x.reshape(rows, x.shape[-1]).float()  # (N, I): fbgemm takes fp32 activations
-        out = torch.ops.quantized.linear_dynamic(flat, self.dynamic)  # (N, O), bias added
+        out = torch.ops.quantized.linear_dynamic(flat, self.dynamic, _REDUCE_RANGE)  # (N, O)
         return out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])  # (..., O)
+
+
+# Without VNNI, x86's 8-bit multiply-add saturates in 16 bits: fbgemm then needs activations
+# of 7 bits (PyTorch's default for it); with VNNI (or AMX) the full 8 bits are exact.
+_REDUCE_RANGE = not ({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
 
 
 def _dynamic_pack(qweight: Tensor, scale: Tensor, bias: Tensor | None) -> Any | None:
