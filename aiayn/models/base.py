@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
@@ -41,6 +42,16 @@ class Stack(nn.Module):
         for block in self.blocks:
             x = block(x, ctx)  # (B, T, C)
         return x if self.norm is None else self.norm(x)
+
+
+def head_cross_entropy(
+    head: nn.Module, x: Tensor, targets: Tensor, label_smoothing: float, ignore_index: int = -100
+) -> Tensor:
+    """Mean cross entropy of ``head``'s own logits of ``x`` (B, T, C): for an output projection
+    that is not a plain linear layer (int8 weights), whose product runs its own kernel."""
+    logits = head(x).float()  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=ignore_index,
+                           label_smoothing=label_smoothing)  # fmt: skip
 
 
 class TransformerModel(nn.Module):
@@ -107,7 +118,9 @@ class TransformerModel(nn.Module):
         (B, T), computed in chunks without materialising the (B, T, V) logits
         (aiayn/nn/loss.py).  Rows whose target is ``ignore_index`` are skipped."""
         head = self.head
-        assert isinstance(head, nn.Linear)
+        assert isinstance(head, nn.Module)
+        if not isinstance(head, nn.Linear):  # int8 weights (aiayn/nn/quantized.py): evaluation
+            return head_cross_entropy(head, x, targets, label_smoothing, ignore_index)
         return linear_cross_entropy(
             x,
             head.weight,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.models.base import Stack, TransformerModel
+from aiayn.models.base import Stack, TransformerModel, head_cross_entropy
 from aiayn.nn.context import Record
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.linear import Linear
@@ -110,6 +110,8 @@ class EncoderLM(TransformerModel):
         )  # (B, T, C)
         if targets is None:
             return self.head(x)
+        if not isinstance(self.head.proj, nn.Linear):  # int8 weights: evaluation only
+            return head_cross_entropy(self.head, x, targets, label_smoothing)
         return linear_cross_entropy(
             self.head.transform(x),
             self.head.proj.weight,

@@ -216,3 +216,19 @@ def test_the_decoding_commands_take_a_precision(
     assert main(["translate", "--checkpoint", str(run / "checkpoint"), "--input", str(tmp_path / "in.txt"),
                  "--output", str(tmp_path / "out.txt"), "--device", "cpu", *flags]) == 0  # fmt: skip
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 2
+
+
+def test_evaluate_scores_an_int8_language_model(
+    lm_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`aiayn evaluate --quantize int8` scores the int8 model through its decoding kernels
+    (its output projection included): a loss near the fp32 model's, not the fp32 one."""
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
+    args = ["evaluate", "--checkpoint", str(lm_run), "--data", str(tmp_path), "--batches", "4",
+            "--batch-size", "4", "--block", "16", "--device", "cpu"]  # fmt: skip
+    losses = []
+    for flags in ([], ["--quantize", "int8"]):
+        assert main([*args, *flags]) == 0
+        out = capsys.readouterr().out
+        losses.append(float(out.split("validation loss")[1].split()[0]))
+    assert losses[0] != losses[1] and abs(losses[1] / losses[0] - 1) < 0.05
