@@ -371,7 +371,9 @@ def main() -> int:
         "--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="backends to run"
     )
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default="benchmarks/results/attention.json")
+    ap.add_argument(
+        "--json", default=str(Path(__file__).resolve().parent / "results" / "attention.json")
+    )
     ap.add_argument("--quick", action="store_true", help="sizes 256 512 1024, repeat 1")
     ap.add_argument(
         "--max-reference-n", type=int, nargs="+", default=[16384, 8192], metavar="N",

@@ -178,7 +178,9 @@ def main() -> int:
     ap.add_argument("--trials", nargs="*", default=list(TRIALS), choices=list(TRIALS))
     ap.add_argument("--out", default="runs/demo_sweep")
     ap.add_argument("--data", default=None)
-    ap.add_argument("--json", default="benchmarks/results/demo_sweep.json")
+    ap.add_argument(
+        "--json", default=str(Path(__file__).resolve().parent / "results" / "demo_sweep.json")
+    )
     args = ap.parse_args()
     root = data_dir(args.data)
     out = Path(args.out)

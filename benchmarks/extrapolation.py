@@ -39,7 +39,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--contexts", nargs="*", type=int, default=[64, 128, 256])
     ap.add_argument("--batches", type=int, default=50, help="evaluation batches per context")
-    ap.add_argument("--json", default="benchmarks/results/extrapolation.json")
+    ap.add_argument(
+        "--json", default=str(Path(__file__).resolve().parent / "results" / "extrapolation.json")
+    )
     args = ap.parse_args()
     root = data_dir(None)
     rate = matmul_gflops(2048)

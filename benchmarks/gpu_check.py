@@ -234,7 +234,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script")
-    ap.add_argument("--json", default="benchmarks/results/gpu_check.json")
+    ap.add_argument(
+        "--json", default=str(Path(__file__).resolve().parent / "results" / "gpu_check.json")
+    )
     args = ap.parse_args()
     device = resolve_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

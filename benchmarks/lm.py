@@ -346,7 +346,9 @@ def main() -> int:
     suffix = ("" if len(parts) == 3 else "_" + "_".join(parts)) + (
         "_compile" if args.compile else ""
     )
-    out = Path(args.json or f"benchmarks/results/lm_{args.dtype}{suffix}.json")
+    out = Path(
+        args.json or Path(__file__).resolve().parent / "results" / f"lm_{args.dtype}{suffix}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

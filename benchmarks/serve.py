@@ -239,7 +239,7 @@ def engine_child(variant: str, checkpoint: str, requests: list[dict[str, Any]],
     from aiayn.serve import slots
 
     if variant == "aiayn-padded":
-        slots.ragged_groups = lambda keys: None  # type: ignore[assignment]
+        slots.ragged_groups = lambda keys: ((0, len(keys), max(keys)),)  # type: ignore[assignment]
     bundle = aiayn.load(checkpoint)
     precision = Precision(kv_cache="bfloat16" if variant.endswith("bf16kv") else None,
                           quantize="int8" if "int8" in variant else None)  # fmt: skip

@@ -42,7 +42,10 @@ def main() -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="TABLE.FIELD=VALUE")
     ap.add_argument("--data", default=None)
     ap.add_argument("--limit", type=int, default=None, help="score only the first N test sentences")
-    ap.add_argument("--json", default="benchmarks/results/translation_quality.json")
+    ap.add_argument(
+        "--json",
+        default=str(Path(__file__).resolve().parent / "results" / "translation_quality.json"),
+    )
     args = ap.parse_args()
     root = data_dir(args.data)
     from aiayn.cli import _overrides

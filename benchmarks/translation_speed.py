@@ -369,7 +369,10 @@ def main() -> int:
         results["engines"] = engines_table(args, common)
         results["rates_after"] = host_rates()
         print(f"\nafter: {rates_line(results['rates_after'])}")
-        out = Path(args.json or "benchmarks/results/translation_speed_engines.json")
+        out = Path(
+            args.json
+            or Path(__file__).resolve().parent / "results" / "translation_speed_engines.json"
+        )
         out.write_text(json.dumps(results, indent=2))
         print(f"wrote {out}")
         return 0
@@ -416,7 +419,12 @@ def main() -> int:
     print(f"\nafter: {rates_line(results['rates_after'])}")
     # A partial run names itself, so that it does not replace a full run's results.
     suffix = "_beam" if args.no_train else ""
-    out = Path(args.json or f"benchmarks/results/translation_speed_{args.dtype}{suffix}.json")
+    out = Path(
+        args.json
+        or Path(__file__).resolve().parent
+        / "results"
+        / f"translation_speed_{args.dtype}{suffix}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

@@ -60,7 +60,9 @@ def main() -> int:
     )
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--window", type=int, default=4096)
-    ap.add_argument("--json", default="benchmarks/results/window_memory.json")
+    ap.add_argument(
+        "--json", default=str(Path(__file__).resolve().parent / "results" / "window_memory.json")
+    )
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     results = []

@@ -63,6 +63,9 @@ class AttentionCall:
     # different lengths then cost what they hold, not the longest row's length each
     # (aiayn/serve/slots.py groups a serving pool's rows so).  None: every row reads all keys.
     row_groups: tuple[tuple[int, int, int], ...] | None = None
+    # Every query sees at least one key (a serving pool's decoding step: each row sees its own
+    # keys), so a backend need not look for fully masked rows to zero.
+    live_rows: bool = False
 
     def for_lengths(self, t: int, s: int) -> AttentionCall:
         """This call for T queries and S keys.  One query at the newest position (a decoding
@@ -81,14 +84,15 @@ class AttentionCall:
         )
 
     def for_rows(self, a: int, b: int, keys: int) -> AttentionCall:
-        """This call for rows a .. b-1 and their first ``keys`` keys (a ragged group)."""
+        """This call for rows a .. b-1 and their first ``keys`` keys (a ragged group of a
+        decoding step, whose every row sees at least its own key)."""
         mask = self.mask
         if mask is not None and mask.dim() >= 3 and mask.shape[0] > 1:
             mask = mask[a:b, ..., :keys]
         elif mask is not None:
             mask = mask[..., :keys]
         return AttentionCall(scale=self.scale, mask=mask, causal=self.causal, window=self.window,
-                             dropout_p=self.dropout_p)  # fmt: skip
+                             dropout_p=self.dropout_p, live_rows=True)  # fmt: skip
 
 
 class Backend(Protocol):
@@ -204,6 +208,11 @@ def sdpa_backend(
     else:
         attn = mask if structural is None else mask.masked_fill(~structural, float("-inf"))
     assert attn is not None
+    if call.live_rows:  # no fully masked row to find (a pool's decoding step)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa
+        )
+        return out, None
     if attn.dtype == torch.bool:
         dead = ~attn.any(dim=-1, keepdim=True)  # (..., T, 1)
         attn = attn | dead  # let dead rows attend anywhere; their output is zeroed below
@@ -245,11 +254,11 @@ def attend(
     call = call.for_lengths(q.shape[-2], k.shape[-2])
     fn = backend(backend_name)
     groups = call.row_groups
-    if groups is None or call.return_weights or q.shape[-2] != 1 or len(groups) < 2:
+    if groups is None or call.return_weights or q.shape[-2] != 1:
         return fn(q, k, v, call)
     out = [fn(q[a:b], k[a:b, ..., :n, :], v[a:b, ..., :n, :], call.for_rows(a, b, n))[0]
            for a, b, n in groups]  # fmt: skip
-    return torch.cat(out), None  # (B, H, 1, D)
+    return (out[0] if len(out) == 1 else torch.cat(out)), None  # (B, H, 1, D)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:

@@ -120,16 +120,18 @@ class _RowsKV(KVCache):
         return self.k[:, :, : self.read], self.v[:, :, : self.read]
 
 
-# One more attention call costs about what reading this many cached positions of one row does
-# (a call's overhead, ~20 us, against ~0.2 us per row-position on 2 cores of an Intel Xeon).
-GROUP_CALL_COST = 100
+# One more attention call costs about what reading this many cached positions of one row does:
+# on 2 cores of an Intel Xeon (AMX), PyTorch's fused kernel takes ~17 us for a call on one
+# row of 40 keys and ~0.075 us (fp32) / ~0.04 us (bf16) per further row-position, and a group
+# adds its slices and the concatenation (benchmarks/serve.py --in-process measures the effect).
+GROUP_CALL_COST = 300
 
 
-def ragged_groups(keys: list[int]) -> tuple[tuple[int, int, int], ...] | None:
+def ragged_groups(keys: list[int]) -> tuple[tuple[int, int, int], ...]:
     """Split rows 0 .. n-1 (in pool order, row i holding ``keys[i]`` keys) into contiguous
     groups ``(a, b, longest)`` that minimise the positions read -- each group reads its rows up
     to its longest -- plus :data:`GROUP_CALL_COST` per group: dynamic programming over the
-    split points, O(n²).  None when one group is best."""
+    split points, O(n²).  One group ``((0, n, max(keys)),)`` when that is best."""
     n = len(keys)
     best = [0.0] + [float("inf")] * n  # best[b]: the cheapest split of rows 0 .. b-1
     start = [0] * (n + 1)  # ... and where its last group starts
@@ -145,7 +147,7 @@ def ragged_groups(keys: list[int]) -> tuple[tuple[int, int, int], ...] | None:
         a = start[b]
         groups.append((a, b, max(keys[a:b])))
         b = a
-    return tuple(reversed(groups)) if len(groups) > 1 else None
+    return tuple(reversed(groups))
 
 
 class BatchCache(Cache):
@@ -176,7 +178,7 @@ class BatchCache(Cache):
     @property
     def row_groups(self) -> tuple[tuple[int, int, int], ...] | None:
         """Contiguous groups of rows whose attention reads only up to the group's longest row
-        (:func:`ragged_groups`); None when the rows are of one length."""
+        (:func:`ragged_groups`); None when the rows are of one length (no key mask)."""
         return self._groups
 
     def advance(

@@ -215,3 +215,21 @@ def test_return_weights_rows_sum_to_one_and_sdpa_refuses() -> None:
 def test_bad_inputs_raise_clear_errors(args: tuple, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         sdpa(*args, **kwargs)
+
+
+def test_row_groups_equal_one_call_over_all_rows() -> None:
+    """A decoding step split into ragged groups (each reading only its own keys, with no search
+    for fully masked rows) equals the reference over every row and key."""
+    from aiayn.nn.attention import AttentionCall, attend
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([7, 3, 12, 12, 5])  # keys each row holds
+    q = torch.randn(5, 4, 1, 8, generator=g)  # (B, H, 1, D)
+    k, v = torch.randn(2, 5, 4, 12, 8, generator=g)  # (B, H, S, D)
+    mask = (torch.arange(12)[None] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    want = sdpa(q, k, v, mask, backend="reference")
+    for groups in (((0, 5, 12),), ((0, 1, 7), (1, 2, 3), (2, 5, 12)), ((0, 2, 7), (2, 5, 12))):
+        call = AttentionCall(scale=8**-0.5, mask=mask, row_groups=groups)
+        got, _ = attend(q, k, v, call, "sdpa")
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        assert call.for_rows(0, 1, 7).live_rows and not call.live_rows
