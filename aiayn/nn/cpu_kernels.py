@@ -255,6 +255,7 @@ class DecodingInt8Linear(Int8Linear):
 # Without VNNI, x86's 8-bit multiply-add saturates in 16 bits: fbgemm then needs activations
 # of 7 bits (PyTorch's default for it); with VNNI (or AMX) the full 8 bits are exact.
 _REDUCE_RANGE = not ({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+INT8_ACTIVATION_BITS = 7 if _REDUCE_RANGE else 8  # what the int8 kernel quantizes activations to
 
 
 def _dynamic_pack(qweight: Tensor, scale: Tensor, bias: Tensor | None) -> Any | None:

@@ -16,7 +16,7 @@ import aiayn
 from aiayn.cli import main
 from aiayn.generate import SamplingConfig, generate
 from aiayn.models.precision import Precision, apply_precision
-from aiayn.nn.cpu_kernels import DecodingInt8Linear, for_decoding
+from aiayn.nn.cpu_kernels import INT8_ACTIVATION_BITS, DecodingInt8Linear, for_decoding
 from aiayn.nn.linear import Linear
 from aiayn.nn.quantized import Int8Linear, error_bound, quantize, quantize_weight
 from tests.conftest import LM_TEXT, LM_TOML, TRANSLATION_TOML, write_corpus
@@ -44,9 +44,8 @@ def test_each_weight_is_within_half_a_step_of_its_int8_value(published: torch.nn
 def activation_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """What quantizing the activations per call can move each output: every input off by up
     to half a step of the call's range, times the weight row's absolute sum; and fp32's own
-    slack.  127 steps: the 7-bit range fbgemm takes on CPUs without VNNI (with it, 255 steps
-    and half this error)."""
-    step = (x.max().clamp(min=0) - x.min().clamp(max=0)) / 127
+    slack.  255 steps with VNNI or AMX; 127, the 7-bit range fbgemm takes, without."""
+    step = (x.max().clamp(min=0) - x.min().clamp(max=0)) / (2**INT8_ACTIVATION_BITS - 1)
     return step / 2 * weight.abs().sum(1) + 1e-4  # (O,)
 
 
@@ -82,7 +81,8 @@ def test_the_int8_kernel_equals_the_dequantized_weights_within_the_bound(
 
 def test_a_quantized_model_keeps_its_meaning(published: torch.nn.Module) -> None:
     """The published sentence encoder in int8 (its kernels): each text's pooled vector keeps a
-    cosine of at least 0.99 with the fp32 model's."""
+    cosine of at least 0.99 with the fp32 model's (0.97 where the kernel's activations have 7
+    bits)."""
     from aiayn.generate.encoder import pool
 
     ids = torch.tensor([[101, 1037, 2158, 2003, 5983, 2833, 1012, 102],
@@ -94,7 +94,10 @@ def test_a_quantized_model_keeps_its_meaning(published: torch.nn.Module) -> None
     with torch.no_grad(), for_decoding(quantized, ids.numel()):
         a = pool(published.encode(ids), keep, ["mean"])
         b = pool(quantized.encode(ids), keep, ["mean"])
-    assert F.cosine_similarity(a, b).min() > 0.99
+    # 8-bit activations (VNNI or AMX) gave 0.994-0.995 on an Intel Xeon; 7-bit ones (x86
+    # without VNNI) 0.981-0.984 there, with the 7-bit kernel forced.
+    floor = 0.99 if INT8_ACTIVATION_BITS == 8 else 0.97
+    assert F.cosine_similarity(a, b).min() > floor
 
 
 @pytest.fixture
@@ -219,16 +222,32 @@ def test_the_decoding_commands_take_a_precision(
 
 
 def test_evaluate_scores_an_int8_language_model(
-    lm_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    lm_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`aiayn evaluate --quantize int8` scores the int8 model through its decoding kernels
-    (its output projection included): a loss near the fp32 model's, not the fp32 one."""
+    """`aiayn evaluate --quantize int8` scores the int8 model through its decoding kernels,
+    its output projection included (every layer's product runs fbgemm's int8 kernel), and
+    the loss is near the fp32 model's."""
     (tmp_path / "corpus.txt").write_text(LM_TEXT)
     args = ["evaluate", "--checkpoint", str(lm_run), "--data", str(tmp_path), "--batches", "4",
             "--batch-size", "4", "--block", "16", "--device", "cpu"]  # fmt: skip
+    kernel_calls: list[int] = []
+    forward = DecodingInt8Linear.forward
+
+    def spy(self: DecodingInt8Linear, x: torch.Tensor) -> torch.Tensor:
+        if self.dynamic is not None and not torch.is_grad_enabled():
+            kernel_calls.append(self.out_features)
+        return forward(self, x)
+
+    monkeypatch.setattr(DecodingInt8Linear, "forward", spy)
     losses = []
     for flags in ([], ["--quantize", "int8"]):
         assert main([*args, *flags]) == 0
         out = capsys.readouterr().out
         losses.append(float(out.split("validation loss")[1].split()[0]))
-    assert losses[0] != losses[1] and abs(losses[1] / losses[0] - 1) < 0.05
+        assert bool(kernel_calls) == bool(flags)  # fp32 never, int8 always through the kernel
+    vocab = aiayn.load(lm_run).model.config.vocab_size
+    assert vocab in kernel_calls  # the output projection too
+    assert abs(losses[1] / losses[0] - 1) < 0.05
