@@ -7,7 +7,10 @@ CTranslate2's own converter, so that every engine decodes the same weights.
   ``<pad>`` last and the decoder's start), with SentencePiece models and ``vocab.json``;
 * :func:`ct2_folder` -- the folder converted by ``ctranslate2.converters.TransformersConverter``
   (fp32 weights; CTranslate2 quantizes to int8 when a model is loaded with
-  ``compute_type="int8"``).
+  ``compute_type="int8"``);
+* :func:`ct2_impls` -- CTranslate2's engine names for a run: on the run's threads, and on one
+  (``-1t``), since it can be faster on one; :func:`ct2_best` takes the faster for each
+  precision, the peer every ratio is stated against.
 
 Folders are cached under the given root by shape, so every process of an interleaved run
 reads the same files.
@@ -121,10 +124,52 @@ def ct2_tokens(ct2: Path) -> list[str]:
     raise FileNotFoundError(f"no vocabulary in {ct2}")
 
 
-def ct2_engine(kind: str, ct2: Path, compute_type: str, threads: int) -> Any:
-    """A CTranslate2 ``Generator`` or ``Translator`` on the CPU, ``threads`` intra-op threads."""
+def ct2_engine(kind: str, ct2: Path, impl: str, threads: int) -> Any:
+    """A CTranslate2 ``Generator`` or ``Translator`` on the CPU for the engine name ``impl``:
+    ``ct2-float32`` or ``ct2-int8`` on ``threads`` intra-op threads, the same with ``-1t`` on
+    one (see :func:`ct2_impls`)."""
     import ctranslate2
 
+    compute_type = impl.removeprefix("ct2-").removesuffix("-1t")
+    threads = 1 if impl.endswith("-1t") else threads
     cls = ctranslate2.Generator if kind == "generator" else ctranslate2.Translator
     return cls(str(ct2), device="cpu", compute_type=compute_type, intra_threads=threads,
                inter_threads=1)  # fmt: skip
+
+
+def ct2_impls(threads: int) -> list[str]:
+    """CTranslate2's engine names for a run on ``threads`` threads.  Beside the same thread
+    count as the others, one thread: on a 2-core Intel Xeon, CTranslate2 4.8 decoded at batch 1
+    and 8 faster on one thread than on two (int8 GPT-2-small shape: 137 against 76 tok/s), so
+    the peer is also measured where it is at its best."""
+    impls = ["ct2-float32", "ct2-int8"]
+    return impls + [f"{i}-1t" for i in impls] if threads > 1 else impls
+
+
+def engine_threads(impl: str) -> dict[str, int]:
+    """The case settings an engine name implies: a ``-1t`` engine's whole process runs on one
+    thread (``OMP_NUM_THREADS=1`` and the rest, benchmarks/rounds.py), as it would for a user
+    who runs CTranslate2 that way."""
+    return {"threads": 1} if impl.endswith("-1t") else {}
+
+
+def ct2_best(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """For fp32 and int8: CTranslate2 at its faster thread count in ``rows`` (engine name ->
+    a spread with ``median``), and aiayn's ratio to it (aiayn fp32 / CT2 fp32, aiayn int8 /
+    CT2 int8)."""
+    best: dict[str, Any] = {}
+    for kind, ours in (("float32", "aiayn"), ("int8", "aiayn-int8")):
+        runs = {i: r for i, r in rows.items() if i.removesuffix("-1t") == f"ct2-{kind}"}
+        if not runs or ours not in rows:
+            continue
+        impl = max(runs, key=lambda i: runs[i]["median"])
+        best[kind] = {"engine": impl, "median": runs[impl]["median"],
+                      "aiayn_over": rows[ours]["median"] / runs[impl]["median"]}  # fmt: skip
+    return best
+
+
+def print_ct2_best(best: dict[str, Any], label: str) -> None:
+    for kind, b in best.items():
+        ours = "aiayn" if kind == "float32" else "aiayn int8"
+        print(f"{label}  CTranslate2 {kind} at its faster thread count ({b['engine']}):"
+              f" {ours} / it = {b['aiayn_over']:.2f}x")  # fmt: skip

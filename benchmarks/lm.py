@@ -39,7 +39,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from engines import ct2_engine, ct2_folder, ct2_tokens, gpt2_folder
+from engines import (
+    ct2_best,
+    ct2_engine,
+    ct2_folder,
+    ct2_impls,
+    ct2_tokens,
+    engine_threads,
+    gpt2_folder,
+    print_ct2_best,
+)
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 
 import aiayn
@@ -151,11 +160,12 @@ def _prompt(case: dict[str, Any]) -> torch.Tensor:
 
 def _ct2_runner(case: dict[str, Any], folder: Path) -> Any:
     """Greedy generation by CTranslate2 (its converter's model of ``folder``), at fp32 or
-    int8, on the torch thread count; returns the new ids."""
+    int8, on the torch thread count or one (``-1t``, benchmarks/engines.py); returns the new
+    ids."""
     ct2 = ct2_folder(folder)
     tokens = ct2_tokens(ct2)
     index = {t: i for i, t in enumerate(tokens)}
-    gen = ct2_engine("generator", ct2, case["impl"].removeprefix("ct2-"), case["threads"])
+    gen = ct2_engine("generator", ct2, case["impl"], case["threads"])
     start = [[tokens[i] for i in row] for row in _prompt(case).tolist()]
 
     def run(new: int) -> list[list[int]]:
@@ -240,16 +250,17 @@ def generation_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[s
     their agreement with it."""
     impls = ["aiayn", "hf"]
     if args.engines:
-        impls += ["aiayn-int8", "ct2-float32", "ct2-int8"]
+        impls += ["aiayn-int8", *ct2_impls(args.threads)]
         if cpu_has_bf16() and args.dtype == "float32":
             impls.append("aiayn-bf16")
-    print(f"\n{'generation':<18}{'batch':>6}  {'engine':<12}{'tok/s':>22}{'aiayn int8 / it':>16}"
+    print(f"\n{'generation':<18}{'batch':>6}  {'engine':<15}{'tok/s':>22}{'aiayn int8 / it':>16}"
           f"{'aiayn / it':>11}{'same ids':>10}")  # fmt: skip
     table: dict[str, Any] = {}
     for shape in args.gen_shapes or GEN_SHAPES:
         for batch in (1, 8):
             cases = [{"name": impl, "what": "generate", "shape": shape, "impl": impl,
-                      "batch": batch, "new": args.new_tokens, **common} for impl in impls]  # fmt: skip
+                      "batch": batch, "new": args.new_tokens, **common, **engine_threads(impl)}
+                     for impl in impls]  # fmt: skip
             got = interleaved(__file__, cases, args.rounds)
             rows = {impl: spread([r["tok_s"] for r in runs]) for impl, runs in got.items() if runs}
             if "aiayn" not in rows:
@@ -260,10 +271,13 @@ def generation_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[s
                 if "aiayn-int8" in rows:
                     sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
                 sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
-                print(f"{shape:<18}{batch:>6}  {impl:<12}{cell(sp):>22}"
+                print(f"{shape:<18}{batch:>6}  {impl:<15}{cell(sp):>22}"
                       f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
                       f"{sp['agreement']:>10.1%}")  # fmt: skip
             table[f"{shape}/b{batch}"] = rows
+            if args.engines:
+                rows["ct2_best"] = ct2_best(rows)
+                print_ct2_best(rows["ct2_best"], f"{shape:<18}{batch:>6}")
     return table
 
 
@@ -278,7 +292,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--engines", action="store_true",
                     help="generation: also aiayn with int8 (and bf16) weights, and CTranslate2 at"
-                    " fp32 and int8 (its converter, on the same HF folder)")  # fmt: skip
+                    " fp32 and int8 (its converter, on the same HF folder), on the run's threads and on one")  # fmt: skip
     ap.add_argument("--gen-shapes", nargs="*", choices=list(GEN_SHAPES), default=None,
                     help="generation shapes (default: all)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="1 round, few steps: a smoke run")

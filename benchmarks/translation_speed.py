@@ -42,7 +42,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from engines import MARIAN_SMALL, ct2_engine, ct2_folder, ct2_tokens, marian_folder
+from engines import (
+    MARIAN_SMALL,
+    ct2_best,
+    ct2_engine,
+    ct2_folder,
+    ct2_impls,
+    ct2_tokens,
+    engine_threads,
+    marian_folder,
+    print_ct2_best,
+)
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 from torch import nn
 
@@ -221,7 +231,7 @@ def measure_engine(case: dict[str, Any]) -> dict[str, Any]:
         ct2 = ct2_folder(folder)
         tokens = ct2_tokens(ct2)
         index = {t: i for i, t in enumerate(tokens)}
-        engine = ct2_engine("translator", ct2, impl.removeprefix("ct2-"), case["threads"])
+        engine = ct2_engine("translator", ct2, impl, case["threads"])
 
         def decode(c: torch.Tensor) -> list[list[int]]:
             out = engine.translate_batch([[tokens[i] for i in row] for row in c.tolist()],
@@ -270,15 +280,15 @@ def measure(case: dict[str, Any]) -> dict[str, Any]:
 def engines_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[str, Any]:
     """Marian-small shape, beam 4 to 40 tokens, at batch 64 and 1: every engine interleaved;
     sentences/s, aiayn's ratios, and every engine's ids against aiayn fp32's."""
-    impls = ["aiayn", "aiayn-int8", "hf-marian", "ct2-float32", "ct2-int8"]
+    impls = ["aiayn", "aiayn-int8", "hf-marian", *ct2_impls(args.threads)]
     if cpu_has_bf16():
         impls.append("aiayn-bf16")
-    print(f"\n{'Marian-small, beam 4':<22}{'engine':<13}{'sentences/s':>22}{'aiayn int8 / it':>16}"
+    print(f"\n{'Marian-small, beam 4':<22}{'engine':<15}{'sentences/s':>22}{'aiayn int8 / it':>16}"
           f"{'aiayn / it':>11}{'same ids':>10}")  # fmt: skip
     table: dict[str, Any] = {}
     for batch, n in ((64, args.engine_sentences), (1, args.engine_sentences_b1)):
         cases = [{"name": impl, "what": "engine", "impl": impl, "batch": batch, "sentences": n,
-                  **common} for impl in impls]  # fmt: skip
+                  **common, **engine_threads(impl)} for impl in impls]  # fmt: skip
         got = interleaved(__file__, cases, args.rounds)
         rows = {impl: spread([n / r["s"] for r in runs]) for impl, runs in got.items() if runs}
         if "aiayn" not in rows:
@@ -289,10 +299,12 @@ def engines_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[str,
             if "aiayn-int8" in rows:
                 sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
             sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
-            print(f"{'batch ' + str(batch):<22}{impl:<13}{cell(sp, '.2f'):>22}"
+            print(f"{'batch ' + str(batch):<22}{impl:<15}{cell(sp, '.2f'):>22}"
                   f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
                   f"{sp['agreement']:>10.1%}")  # fmt: skip
         table[f"b{batch}"] = rows
+        rows["ct2_best"] = ct2_best(rows)
+        print_ct2_best(rows["ct2_best"], f"{'batch ' + str(batch):<22}")
     return table
 
 
@@ -348,7 +360,8 @@ def main() -> int:
     ap.add_argument("--no-train", action="store_true", help="skip the training table")
     ap.add_argument("--engines", action="store_true",
                     help="only the engines table: Marian-small shape, beam 4 to 40 tokens, aiayn"
-                    " at fp32, int8 (and bf16) against HF Marian and CTranslate2 at fp32 and int8")  # fmt: skip
+                    " at fp32, int8 (and bf16) against HF Marian and CTranslate2 at fp32 and int8, on the"
+                    " run's threads and on one")  # fmt: skip
     ap.add_argument("--engine-sentences", type=int, default=128, help="engines table, batch 64")
     ap.add_argument("--engine-sentences-b1", type=int, default=8, help="engines table, batch 1")
     ap.add_argument("--data", default=None)
