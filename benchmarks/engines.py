@@ -19,10 +19,13 @@ reads the same files.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from rounds import cell, spread
 
 GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
 # Marian-small (opus-mt's shape) with an 8,000-token vocabulary, as tools/ab_generation.py
@@ -168,8 +171,37 @@ def ct2_best(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def print_ct2_best(best: dict[str, Any], label: str) -> None:
+def agreement(ids: list[list[int]], reference: list[list[int]]) -> float:
+    """The share of positions where ``ids`` equal the reference's."""
+    pairs = [(a, b) for x, y in zip(ids, reference, strict=True) for a, b in zip(x, y, strict=True)]
+    return sum(a == b for a, b in pairs) / max(len(pairs), 1)
+
+
+def engine_rows(
+    got: dict[str, list[dict[str, Any]]], speed: Callable[[dict[str, Any]], float], label: str,
+    fmt: str = ".0f",
+) -> dict[str, Any] | None:  # fmt: skip
+    """One case of an engines table, from :func:`rounds.interleaved`'s runs per engine: each
+    engine's ``speed`` over the rounds, aiayn's ratio to it (fp32 and int8), the agreement of
+    its ids with aiayn fp32's, printed as rows under ``label``; and CTranslate2 at its faster
+    thread count (:func:`ct2_best`).  None when aiayn gave no run."""
+    rows: dict[str, Any] = {i: spread([speed(r) for r in runs]) for i, runs in got.items() if runs}
+    if "aiayn" not in rows:
+        return None
+    reference = got["aiayn"][0]["ids"]
+    for impl, sp in rows.items():
+        sp["aiayn_over"] = rows["aiayn"]["median"] / sp["median"]
+        if "aiayn-int8" in rows:
+            sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
+        sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
+        print(f"{label}{impl:<15}{cell(sp, fmt):>22}"
+              f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
+              f"{sp['agreement']:>10.1%}")  # fmt: skip
+    best = ct2_best(rows)
+    if best:
+        rows["ct2_best"] = best
     for kind, b in best.items():
         ours = "aiayn" if kind == "float32" else "aiayn int8"
-        print(f"{label}  CTranslate2 {kind} at its faster thread count ({b['engine']}):"
+        print(f"{label}CTranslate2 {kind} at its faster thread count ({b['engine']}):"
               f" {ours} / it = {b['aiayn_over']:.2f}x")  # fmt: skip
+    return rows

@@ -40,14 +40,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from engines import (
-    ct2_best,
     ct2_engine,
     ct2_folder,
     ct2_impls,
     ct2_tokens,
+    engine_rows,
     engine_threads,
     gpt2_folder,
-    print_ct2_best,
 )
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 
@@ -213,12 +212,6 @@ def measure_generate(case: dict[str, Any]) -> dict[str, Any]:
     return {"tok_s": case["batch"] * case["new"] / (time.perf_counter() - t0), "ids": ids}
 
 
-def agreement(ids: list[list[int]], reference: list[list[int]]) -> float:
-    """The share of positions where ``ids`` equal the reference's."""
-    pairs = [(a, b) for x, y in zip(ids, reference, strict=True) for a, b in zip(x, y, strict=True)]
-    return sum(a == b for a, b in pairs) / max(len(pairs), 1)
-
-
 def measure(case: dict[str, Any]) -> dict[str, Any]:
     return measure_train(case) if case["what"] == "train" else measure_generate(case)
 
@@ -262,22 +255,9 @@ def generation_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[s
                       "batch": batch, "new": args.new_tokens, **common, **engine_threads(impl)}
                      for impl in impls]  # fmt: skip
             got = interleaved(__file__, cases, args.rounds)
-            rows = {impl: spread([r["tok_s"] for r in runs]) for impl, runs in got.items() if runs}
-            if "aiayn" not in rows:
-                continue
-            reference = got["aiayn"][0]["ids"]
-            for impl, sp in rows.items():
-                sp["aiayn_over"] = rows["aiayn"]["median"] / sp["median"]
-                if "aiayn-int8" in rows:
-                    sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
-                sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
-                print(f"{shape:<18}{batch:>6}  {impl:<15}{cell(sp):>22}"
-                      f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
-                      f"{sp['agreement']:>10.1%}")  # fmt: skip
-            table[f"{shape}/b{batch}"] = rows
-            if args.engines:
-                rows["ct2_best"] = ct2_best(rows)
-                print_ct2_best(rows["ct2_best"], f"{shape:<18}{batch:>6}")
+            rows = engine_rows(got, lambda r: r["tok_s"], f"{shape:<18}{batch:>6}  ")
+            if rows is not None:
+                table[f"{shape}/b{batch}"] = rows
     return table
 
 

@@ -44,14 +44,13 @@ import torch
 import torch.nn.functional as F
 from engines import (
     MARIAN_SMALL,
-    ct2_best,
     ct2_engine,
     ct2_folder,
     ct2_impls,
     ct2_tokens,
+    engine_rows,
     engine_threads,
     marian_folder,
-    print_ct2_best,
 )
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 from torch import nn
@@ -290,28 +289,10 @@ def engines_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[str,
         cases = [{"name": impl, "what": "engine", "impl": impl, "batch": batch, "sentences": n,
                   **common, **engine_threads(impl)} for impl in impls]  # fmt: skip
         got = interleaved(__file__, cases, args.rounds)
-        rows = {impl: spread([n / r["s"] for r in runs]) for impl, runs in got.items() if runs}
-        if "aiayn" not in rows:
-            continue
-        reference = got["aiayn"][0]["ids"]
-        for impl, sp in rows.items():
-            sp["aiayn_over"] = rows["aiayn"]["median"] / sp["median"]
-            if "aiayn-int8" in rows:
-                sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
-            sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
-            print(f"{'batch ' + str(batch):<22}{impl:<15}{cell(sp, '.2f'):>22}"
-                  f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
-                  f"{sp['agreement']:>10.1%}")  # fmt: skip
-        table[f"b{batch}"] = rows
-        rows["ct2_best"] = ct2_best(rows)
-        print_ct2_best(rows["ct2_best"], f"{'batch ' + str(batch):<22}")
+        rows = engine_rows(got, lambda r, n=n: n / r["s"], f"{'batch ' + str(batch):<22}", ".2f")
+        if rows is not None:
+            table[f"b{batch}"] = rows
     return table
-
-
-def agreement(ids: list[list[int]], reference: list[list[int]]) -> float:
-    """The share of positions where ``ids`` equal the reference's."""
-    pairs = [(a, b) for x, y in zip(ids, reference, strict=True) for a, b in zip(x, y, strict=True)]
-    return sum(a == b for a, b in pairs) / max(len(pairs), 1)
 
 
 def training_table(

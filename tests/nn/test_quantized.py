@@ -116,13 +116,20 @@ def lm_run(tmp_path: Path) -> Path:
     return tmp_path / "run" / "checkpoint"
 
 
-def test_an_int8_checkpoint_saves_loads_and_decodes_as_it_is(
-    lm_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def int8_checkpoint(lm_run: Path, tmp_path: Path) -> Path:
+    """``lm_run`` written by `aiayn convert --quantize int8`."""
     out = tmp_path / "int8"
     assert (
         main(["convert", "--checkpoint", str(lm_run), "--quantize", "int8", "--out", str(out)]) == 0
     )
+    return out
+
+
+def test_an_int8_checkpoint_saves_loads_and_decodes_as_it_is(
+    lm_run: Path, int8_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = int8_checkpoint
     loaded = aiayn.load(out).model
     assert loaded.config.quantization == "int8"
     assert all(not isinstance(m, Linear) for m in loaded.modules())
@@ -155,13 +162,9 @@ def test_an_int8_checkpoint_saves_loads_and_decodes_as_it_is(
 
 
 def test_int8_weights_do_not_train(
-    lm_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    int8_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "int8"
-    assert (
-        main(["convert", "--checkpoint", str(lm_run), "--quantize", "int8", "--out", str(out)]) == 0
-    )
-    toml = LM_TOML.replace("[model]", f'[model]\ninit_from = "{out}"')
+    toml = LM_TOML.replace("[model]", f'[model]\ninit_from = "{int8_checkpoint}"')
     (tmp_path / "ft.toml").write_text(toml)
     code = main(
         ["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "ft"), "--data", str(tmp_path)]
