@@ -164,12 +164,16 @@ def test_an_int8_checkpoint_saves_loads_and_decodes_as_it_is(
 def test_int8_weights_do_not_train(
     int8_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    toml = LM_TOML.replace("[model]", f'[model]\ninit_from = "{int8_checkpoint}"')
+    # the int8 checkpoint gives the architecture (a preset beside init_from is refused first)
+    toml = f'[model]\ninit_from = "{int8_checkpoint}"\n\n' + LM_TOML[LM_TOML.index("[data]") :]
     (tmp_path / "ft.toml").write_text(toml)
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
     code = main(
         ["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "ft"), "--data", str(tmp_path)]
     )
     assert code == 2
+    err = capsys.readouterr().err
+    assert "int8 weights" in err and "do not train" in err
 
 
 def test_a_bf16_kv_cache_halves_the_cache_and_stays_close(lm_run: Path) -> None:
