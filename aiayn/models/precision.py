@@ -19,7 +19,7 @@ import torch
 
 from aiayn.device import inference_dtype
 from aiayn.models.base import TransformerModel
-from aiayn.nn.quantized import Int8Linear, quantize
+from aiayn.nn.quantized import quantize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -53,9 +53,6 @@ def apply_precision(
         model.to(device, torch.float32)
         quantize(model)
     dtype = inference_dtype(device) if precision.dtype == "auto" else DTYPES[precision.dtype]
-    scales = {m: m.scale.float() for m in model.modules() if isinstance(m, Int8Linear)}
-    model.to(device, dtype)
-    for m, scale in scales.items():
-        m.scale = scale.to(device)
+    model.to(device, dtype)  # int8 layers keep their scales fp32 (Int8Linear._apply)
     model.cache_dtype = None if precision.kv_cache is None else DTYPES[precision.kv_cache]
     return model.eval()

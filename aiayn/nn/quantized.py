@@ -9,8 +9,8 @@ quarter of fp32's bytes:
 so each element is off by at most s_o / 2 (:func:`error_bound`).  Activations stay in
 floating point.  :class:`Int8Linear` is the plain computation -- ``F.linear`` of the
 dequantized weight, the reference the tests hold the fast kernels to; which int8 kernel runs a
-product on a CPU (PyTorch's weight-only ``_weight_int8pack_mm``, or its dynamic int8 matrix
-product for many rows) is chosen in aiayn/nn/cpu_kernels.py, like every other kernel.
+product on a CPU (fbgemm's dynamic int8 product, inside a decoding block) is chosen in
+aiayn/nn/cpu_kernels.py, like every other kernel.
 
 :func:`quantize` turns a model's linear layers -- attention, feed-forward and the output
 projection -- into :class:`Int8Linear` in place; embeddings and norms keep their precision.
@@ -22,6 +22,8 @@ Shapes: N rows, I in features, O out features.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,15 @@ class Int8Linear(nn.Module):
             m.bias.data = linear.bias.detach().clone()
         return m.to(linear.weight.device)
 
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Int8Linear:
+        """``.to``, ``.cuda``, ``.bfloat16`` and the rest: the scales follow the device but stay
+        fp32 whatever dtype the model is cast to (bf16 scales would move every weight by up to
+        0.4%)."""
+        scale = self.scale
+        super()._apply(fn, recurse)
+        self.scale = scale.to(self.scale.device)
+        return self
+
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """s ⊙ Q as a (O, I) float weight."""
         return (self.qweight.to(torch.float32) * self.scale[:, None]).to(dtype)
@@ -91,10 +102,7 @@ def quantize(model: nn.Module) -> nn.Module:
     form, in place (a tied output projection gets an int8 copy; the embedding it shared keeps
     its own weight), and mark a model's config ``quantization="int8"`` so that it saves and
     loads so.  Returns ``model``."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, Linear):
-                setattr(parent, name, Int8Linear.from_linear(child))
+    _replace_linears(model, Int8Linear.from_linear)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "quantization"):
         model.config = config.replace(quantization="int8")
@@ -104,9 +112,18 @@ def quantize(model: nn.Module) -> nn.Module:
 def int8_structure(model: nn.Module) -> nn.Module:
     """``model`` with empty :class:`Int8Linear` layers in place of its linear ones: the shape
     a quantized checkpoint's weights are loaded into (nothing is quantized)."""
+
+    def empty(child: Linear) -> Int8Linear:
+        m = Int8Linear(child.in_features, child.out_features, child.bias is not None)
+        return m.to(child.weight.device)
+
+    return _replace_linears(model, empty)
+
+
+def _replace_linears(model: nn.Module, make: Callable[[Linear], nn.Module]) -> nn.Module:
+    """Every :class:`~aiayn.nn.linear.Linear` of ``model`` replaced by ``make(it)``, in place."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Linear):
-                empty = Int8Linear(child.in_features, child.out_features, child.bias is not None)
-                setattr(parent, name, empty.to(child.weight.device))
+                setattr(parent, name, make(child))
     return model

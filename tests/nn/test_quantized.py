@@ -258,3 +258,15 @@ def test_evaluate_scores_an_int8_language_model(
     vocab = aiayn.load(lm_run).model.config.vocab_size
     assert vocab in kernel_calls  # the output projection too
     assert abs(losses[1] / losses[0] - 1) < 0.05
+
+
+def test_int8_scales_stay_fp32_whatever_the_model_is_cast_to(lm_run: Path) -> None:
+    """A quantized model cast to bf16 by any path (``.to``, ``.bfloat16``, the explorer's
+    ``for_inference``) keeps its scales in fp32, bit for bit; the rest takes the dtype."""
+    model = quantize(aiayn.load(lm_run).model)
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    scales = [m.scale.clone() for m in layers]
+    model.bfloat16()
+    for m, s in zip(layers, scales, strict=True):
+        assert m.scale.dtype == torch.float32 and torch.equal(m.scale, s)
+        assert m.bias is None or m.bias.dtype == torch.bfloat16
