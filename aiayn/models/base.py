@@ -171,7 +171,6 @@ class TransformerModel(nn.Module):
             positions=embed.positions.state(positions, key_positions),
             cache=cache,
             record=record,
-            row_groups=None if cache is None else cache.row_groups,
         )
         return x, ctx
 

@@ -208,21 +208,17 @@ def sdpa_backend(
     else:
         attn = mask if structural is None else mask.masked_fill(~structural, float("-inf"))
     assert attn is not None
-    if call.live_rows:  # no fully masked row to find (a pool's decoding step)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa
-        )
-        return out, None
-    if attn.dtype == torch.bool:
-        dead = ~attn.any(dim=-1, keepdim=True)  # (..., T, 1)
+    dead = None  # (..., T, 1): rows that may see no key; none in a pool's decoding step
+    if not call.live_rows and attn.dtype == torch.bool:
+        dead = ~attn.any(dim=-1, keepdim=True)
         attn = attn | dead  # let dead rows attend anywhere; their output is zeroed below
-    else:
+    elif not call.live_rows:
         dead = (attn == float("-inf")).all(dim=-1, keepdim=True)
         attn = attn.masked_fill(dead, 0.0)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa
     )
-    return out.masked_fill(dead, 0.0), None
+    return (out if dead is None else out.masked_fill(dead, 0.0)), None
 
 
 def register_backend(name: str, fn: Backend) -> None:

@@ -68,8 +68,6 @@ class Context:
     memory: Tensor | None = None  # (B, S_src, C) encoder output, for cross-attention
     memory_mask: Tensor | None = None  # (B, 1, 1, S_src) bool
     record: Record | None = None
-    # A serving pool's decoding step: row groups that read only their own keys (AttentionCall)
-    row_groups: tuple[tuple[int, int, int], ...] | None = None
 
     def new_token_keep(self, t: int) -> Tensor | None:
         """(B, T) True at the real tokens among the ``t`` this pass adds (the last t keys of

@@ -416,7 +416,7 @@ class DecodingPlan:
     thread (two thread pools spinning against each other ran a 6-layer model's one-row decoding
     at 10 tokens/s instead of 250 on an AMD EPYC host).  ``packed``: how many layers got a
     packed weight; ``int8_dynamic``: how many int8 layers run fbgemm's dynamic int8 product
-    (the rest of them, the weight-only one)."""
+    (the rest, where this PyTorch lacks it, their own dequantizing forward)."""
 
     gemv: bool = False
     packed: int = 0

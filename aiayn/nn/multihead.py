@@ -130,9 +130,15 @@ class MultiHeadAttention(nn.Module):
         return x.unflatten(-1, (n, self.d_head)).transpose(1, 2)
 
     def call(
-        self, mask: Tensor | None, causal: bool, window: int | None, weights: bool
+        self,
+        mask: Tensor | None,
+        causal: bool,
+        window: int | None,
+        weights: bool,
+        row_groups: tuple[tuple[int, int, int], ...] | None = None,
     ) -> AttentionCall:
-        """This module's call of Eq. (1) with the given mask, causality and window."""
+        """This module's call of Eq. (1) with the given mask, causality, window and ragged row
+        groups (a serving pool's decoding step)."""
         return AttentionCall(
             scale=self.scale,
             mask=mask,
@@ -140,6 +146,7 @@ class MultiHeadAttention(nn.Module):
             window=window,
             dropout_p=self.attention_dropout if self.training else 0.0,
             return_weights=weights,
+            row_groups=row_groups,
         )
 
     def attend_heads(
@@ -221,15 +228,16 @@ class SelfAttention(MultiHeadAttention):
         if ctx.cache is not None:
             k, v = ctx.cache.layers[self.layer].self_kv.update(k, v)  # (B, H_kv, S, D)
         mask = add_bias(ctx.mask, ctx.positions.score_bias())
+        # A cache may keep keys and values in another dtype (aiayn/models/precision.py):
+        # attention then runs in it, reading half the bytes of fp32 for a bf16 cache.
+        other_dtype = k.dtype != q.dtype
+        if other_dtype and mask is not None and mask.is_floating_point():
+            mask = mask.to(k.dtype)
         weights = ctx.record is not None and ctx.record.weights
-        call = self.call(mask, ctx.causal, ctx.window, weights)
-        call.row_groups = ctx.row_groups
-        if k.dtype == q.dtype:
+        groups = None if ctx.cache is None else ctx.cache.row_groups
+        call = self.call(mask, ctx.causal, ctx.window, weights, groups)
+        if not other_dtype:
             return self.attend_heads(q, k, v, ctx, call)
-        # The cache keeps keys and values in another dtype (aiayn/models/precision.py):
-        # attention runs in it, reading half the bytes of fp32 for a bf16 cache.
-        if mask is not None and mask.is_floating_point():
-            call.mask = mask.to(k.dtype)
         return self.attend_heads(q.to(k.dtype), k, v, ctx, call, out_dtype=q.dtype)
 
     @torch.no_grad()

@@ -21,8 +21,8 @@ is serving):
   neighbours are alike (aiayn/serve/engine.py).
 
 Running rows are kept at the front (rows 0 .. n-1), so a decoding step reads a view of the
-pool, never a copy: when a request finishes, the last running row moves into its place
-(:meth:`SlotPool.move`), one copy of that row per finished request.
+pool, never a copy: when a request finishes, the running rows after it move up one
+(:meth:`SlotPool.move`), keeping their start order.
 
 Shapes: R rows (slots), H_kv key/value heads, S_max capacity, D head size, n running rows.
 """
