@@ -444,12 +444,14 @@ def attention_score_bytes(
 
 
 # Precisions of decoding (aiayn/models/precision.py): bytes per linear weight, per cached key or
-# value element.  int8 weights keep an fp32 KV cache unless the cache is asked for in bf16.
-DECODING_PRECISIONS: dict[str, tuple[float, int]] = {
-    "float32": (4, 4),
-    "bfloat16": (2, 2),
-    "int8": (1, 4),
-    "int8 + bf16 KV cache": (1, 2),
+# value element, per activation element.  int8 weights keep an fp32 KV cache unless the cache is
+# asked for in bf16; an encoder-decoder's cross-attention keys and values are activations (the
+# projected encoder output), kept in the model's dtype whatever the cache's.
+DECODING_PRECISIONS: dict[str, tuple[int, int, int]] = {
+    "float32": (4, 4, 4),
+    "bfloat16": (2, 2, 2),
+    "int8": (1, 4, 4),
+    "int8 + bf16 KV cache": (1, 2, 4),
 }
 
 
@@ -477,11 +479,11 @@ def decoding_bytes_per_token(config: ModelConfig, context: int, precision: str) 
     c = config
     if c.arch == "encoder":
         return 0
-    weight_bytes, kv_bytes = DECODING_PRECISIONS[precision]
+    weight_bytes, kv_bytes, activation_bytes = DECODING_PRECISIONS[precision]
     n = decoding_matmul_parameters(c)
     scales = 4 * (n // c.d_model) if weight_bytes == 1 else 0  # about one row per d_model
-    cached = kv_cached_positions(c, context) + (context if c.arch == "encoder-decoder" else 0)
-    return int(n * weight_bytes) + scales + kv_cache_bytes_per_token(c, kv_bytes) * cached
+    cached = kv_cache_bytes_per_token(c, kv_bytes) * kv_cached_positions(c, context)
+    return n * weight_bytes + scales + cached + cross_kv_cache_bytes(c, context, 1, activation_bytes)
 
 
 # ----- the report -----------------------------------------------------------------------------

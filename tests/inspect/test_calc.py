@@ -23,6 +23,7 @@ from aiayn.inspect.calc import (
     parameter_count,
     training_flops_per_token,
 )
+from aiayn.models.precision import Precision, apply_precision
 
 LLAMA3_70B = 70_553_706_496  # Meta's published count for Llama-3-70B
 
@@ -274,6 +275,20 @@ def test_decoding_bytes_per_token_are_the_weights_and_the_cache_a_step_reads() -
         )
         rows = sum(m.out_features for m in linears)  # one fp32 scale each in int8
         got = decoding_bytes_per_token(c, 16, "int8") - kv_fp32 * (16 + cross)
+        assert weights + 4 * rows <= got <= weights + 4 * weights // c.d_model
+        # int8 weights and a bf16 cache, counted on the model so set: its own keys and values
+        # in the cache's dtype, an encoder-decoder's cross-attention ones as it keeps them
+        int8 = apply_precision(model, torch.device("cpu"), Precision("float32", "int8", "bfloat16"))
+        cache = int8.new_cache(1, 64)
+        kv_self = cache.nbytes() // 64
+        if cross:
+            with torch.no_grad():
+                memory, keep = int8.encode(torch.ones(1, cross, dtype=torch.long))
+                int8.decode(torch.ones(1, 1, dtype=torch.long), memory, keep, cache=cache)
+            kv_cross = sum(t.nbytes for layer in cache.layers for t in layer.cross_kv or ())
+        else:
+            kv_cross = 0
+        got = decoding_bytes_per_token(c, 16, "int8 + bf16 KV cache") - kv_self * 16 - kv_cross
         assert weights + 4 * rows <= got <= weights + 4 * weights // c.d_model
     with pytest.raises(ValueError, match="precision 'fp8' is invalid"):
         decoding_bytes_per_token(get_preset("gpt2-small"), 16, "fp8")
