@@ -483,7 +483,8 @@ def decoding_bytes_per_token(config: ModelConfig, context: int, precision: str) 
     n = decoding_matmul_parameters(c)
     scales = 4 * (n // c.d_model) if weight_bytes == 1 else 0  # about one row per d_model
     cached = kv_cache_bytes_per_token(c, kv_bytes) * kv_cached_positions(c, context)
-    return n * weight_bytes + scales + cached + cross_kv_cache_bytes(c, context, 1, activation_bytes)
+    cross = cross_kv_cache_bytes(c, context, 1, activation_bytes)  # 0 without an encoder
+    return n * weight_bytes + scales + cached + cross
 
 
 # ----- the report -----------------------------------------------------------------------------
