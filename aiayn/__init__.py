@@ -9,15 +9,43 @@ The public API:
 >>> bundle = aiayn.load("runs/multi30k")  # a checkpoint, a run or an HF folder
 >>> bundle.model, bundle.tokenizer, bundle.run
 >>> aiayn.scaled_dot_product_attention(q, k, v, mask, is_causal=True)
+
+The names are imported on first use (PEP 562), so that ``import aiayn.cli`` -- and with it
+``aiayn --help`` -- does not pay for torch.
 """
 
-from aiayn.checkpoint import Bundle, load, load_model, save
-from aiayn.config import ModelConfig, get_preset, presets
-from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel, build_model
-from aiayn.nn.attention import scaled_dot_product_attention
-from aiayn.nn.cache import Cache, KVCache
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiayn.checkpoint import Bundle, load, load_model, save
+    from aiayn.config import ModelConfig, get_preset, presets
+    from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel, build_model
+    from aiayn.nn.attention import scaled_dot_product_attention
+    from aiayn.nn.cache import Cache, KVCache
 
 __version__ = "0.1.0"
+
+# Each public name and the module it is read from.
+_HOME = {
+    "Bundle": "aiayn.checkpoint",
+    "load": "aiayn.checkpoint",
+    "load_model": "aiayn.checkpoint",
+    "save": "aiayn.checkpoint",
+    "ModelConfig": "aiayn.config",
+    "get_preset": "aiayn.config",
+    "presets": "aiayn.config",
+    "DecoderLM": "aiayn.models",
+    "EncoderDecoder": "aiayn.models",
+    "EncoderLM": "aiayn.models",
+    "TransformerModel": "aiayn.models",
+    "build_model": "aiayn.models",
+    "scaled_dot_product_attention": "aiayn.nn.attention",
+    "Cache": "aiayn.nn.cache",
+    "KVCache": "aiayn.nn.cache",
+}
 
 __all__ = [
     "Bundle",
@@ -36,3 +64,15 @@ __all__ = [
     "save",
     "scaled_dot_product_attention",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'aiayn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])

@@ -105,6 +105,39 @@ checkpoint_interval = 4
 LM_TEXT = "To be, or not to be, that is the question.\n" * 40
 
 
+def train_run(toml: str, root: Path, data: Path | None = None) -> Path:
+    """Train ``toml`` into ``root/run`` through ``aiayn train`` (in process), on the tiny
+    corpus of ``write_corpus`` (a translation run) or on ``corpus.txt`` of :data:`LM_TEXT`
+    (``data`` None: an LM run); return the run's checkpoint folder."""
+    from aiayn.cli import main
+
+    if data is None:
+        data = root
+        (root / "corpus.txt").write_text(LM_TEXT)
+    (root / "run.toml").write_text(toml)
+    assert (
+        main(["train", str(root / "run.toml"), "--out", str(root / "run"), "--data", str(data)])
+        == 0
+    )
+    return root / "run" / "checkpoint"
+
+
+@pytest.fixture(scope="session")
+def lm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint of :data:`LM_TOML` trained once for the whole run: read it, never
+    write into its folder (copy it first)."""
+    return train_run(LM_TOML, tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="session")
+def translation_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint of :data:`TRANSLATION_TOML` trained once on :func:`write_corpus`'s
+    corpus for the whole run: read it, never write into its folder."""
+    root = tmp_path_factory.mktemp("translation")
+    write_corpus(root / "data")
+    return train_run(TRANSLATION_TOML, root, root / "data")
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """The shared data folder with the real Multi30k and Tiny Shakespeare ($AIAYN_DATA, else
@@ -115,6 +148,22 @@ def data_root() -> Path:
     for need in ("multi30k/train.de.gz", "tinyshakespeare/input.txt"):
         assert (root / need).is_file(), f"{root / need} is missing: set AIAYN_DATA"
     return root
+
+
+@pytest.fixture(params=[7, 8], ids=["7-bit", "8-bit"])
+def int8_bits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The bits of the int8 kernel's activations for the test, 7 and then 8, so that a CPU
+    with VNNI also runs what a CPU without it computes (7 bits run correctly everywhere, only
+    less precisely).  8 bits are skipped on a CPU without VNNI or AMX, whose 8-bit products
+    saturate.  Read ``cpu_kernels.INT8_ACTIVATION_BITS`` through the module, at run time."""
+    from aiayn.nn import cpu_kernels
+
+    bits = int(request.param)
+    if bits == 8 and not cpu_kernels.CPU_HAS_VNNI:
+        pytest.skip("8-bit int8 activations need VNNI or AMX (without, the products saturate)")
+    monkeypatch.setattr(cpu_kernels, "INT8_ACTIVATION_BITS", bits)
+    monkeypatch.setattr(cpu_kernels, "_REDUCE_RANGE", bits == 7)
+    return bits
 
 
 def free_port() -> int:

@@ -36,3 +36,24 @@ def test_every_set_option_counts(capsys: pytest.CaptureFixture[str]) -> None:
         main(["info", "gpt2-small", "--set", "n_layers=2", "--set", "d_model=64", "n_heads=2"]) == 0
     )
     assert "layers 2, d_model 64, heads 2" in capsys.readouterr().out
+
+
+def test_the_command_line_imports_no_torch_until_a_command_runs() -> None:
+    """``aiayn --help`` and every parser are built without torch (nor numpy): each command
+    imports what it needs when it runs.  Run in a fresh interpreter, since this one has torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from aiayn.cli import build_parser; build_parser();"
+        " print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_parsers_hf_families_are_the_interop_families() -> None:
+    from aiayn.cli.models import HF_FAMILIES
+    from aiayn.interop.families import FAMILIES
+
+    assert HF_FAMILIES == tuple(FAMILIES)

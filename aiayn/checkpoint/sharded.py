@@ -28,14 +28,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+
+# torch.distributed.checkpoint is imported by the functions that use it: it costs more than a
+# second at start-up, and a command that loads a plain checkpoint never needs it.
 
 SHARDED_DIR = "dcp"
 _METADATA = ".metadata"
@@ -61,6 +57,12 @@ def _quiet_single_process() -> Iterator[None]:
 def save_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Write the model and the optimizer's state into ``folder/dcp`` (collective: every rank
     calls it with the same ``folder``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
     state = {
         "model": get_model_state_dict(model),
         "optim": get_optimizer_state_dict(model, optimizer),
@@ -88,6 +90,8 @@ def check_shards_present(folder: Path) -> None:
 
 
 def _load(folder: Path, state: dict[str, Any], *, no_dist: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+
     try:
         with _quiet_single_process():
             dcp.load(state, checkpoint_id=folder / SHARDED_DIR, no_dist=no_dist)
@@ -112,6 +116,13 @@ def load_model_weights(folder: Path, model: nn.Module) -> None:
 def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Restore the model and the optimizer from ``folder/dcp`` into this run's layout,
     whatever the number of processes that wrote it (collective when distributed)."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     weights, moments = get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)
     _load(folder, {"model": weights, "optim": moments}, no_dist=not _distributed())  # in place
     set_model_state_dict(model, weights)

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 from aiayn.cli import data, decoding, models, pictures, servers, training
 from aiayn.cli.common import _overrides
+from aiayn.errors import NonFiniteLoss, TrainingInterrupted
 
 __all__ = ["_overrides", "build_parser", "main"]
 
@@ -59,9 +60,6 @@ def _log_to_stderr(enabled: bool) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from aiayn.train.loop import NonFiniteLoss
-    from aiayn.train.policy import TrainingInterrupted
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

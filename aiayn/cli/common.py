@@ -1,24 +1,13 @@
-"""Shared by the commands: config overrides, devices, loading checkpoints, decoding options."""
+"""Shared by the commands' parsers: argument groups, ``--set`` overrides, output folders.
+
+It imports no torch: every parser of ``aiayn`` is built from it, so that ``aiayn --help`` is
+quick; what builds library objects from the arguments is in :mod:`aiayn.cli.loading`."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
-
-import torch
-
-from aiayn.checkpoint import Bundle, load
-from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
-from aiayn.generate.beam import BeamConfig
-from aiayn.generate.sampling import SamplingConfig
-from aiayn.interop.generation_config import GenerationIds, generation_of
-from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
-from aiayn.models.precision import Precision, apply_precision
-from aiayn.train.loop import FitResult
-
-M = TypeVar("M", bound=TransformerModel)
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, object]:
@@ -49,46 +38,6 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
     return _overrides(args.set) | ({"train.device": args.device} if args.device else {})
 
 
-def _beam(args: argparse.Namespace) -> BeamConfig | None:
-    if args.greedy:
-        return None
-    return BeamConfig(beam_size=args.beam, length_penalty=args.alpha, max_extra=args.max_extra)
-
-
-def _device(args: argparse.Namespace) -> torch.device:
-    from aiayn.device import resolve_device
-
-    return resolve_device(getattr(args, "device", "auto") or "auto")
-
-
-def _load_as(
-    path: str, kind: type[M], what: str, device: torch.device | None,
-    precision: Precision | None = None,
-) -> tuple[M, Bundle]:  # fmt: skip
-    """The model of the checkpoint, run or Hugging Face folder ``path``
-    (:func:`aiayn.checkpoint.load`), which must be a ``kind`` (``what`` names it in the
-    error), in evaluation mode and, given a ``device``, ready for inference there in
-    ``precision`` (the device's dtype by default); and its bundle."""
-    bundle = load(path)
-    model = bundle.model
-    if not isinstance(model, kind):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not {what}")
-    if device is not None:
-        apply_precision(model, device, precision or Precision())
-    return model.eval(), bundle
-
-
-def _load_translator(
-    path: str, device: torch.device | None = None, precision: Precision | None = None
-) -> tuple[EncoderDecoder, BPETokenizer | MarianTokenizer, GenerationIds]:
-    """A translation model, its tokenizer and its folder's generation ids (none for a model
-    aiayn trained)."""
-    model, bundle = _load_as(path, EncoderDecoder, "a translation model", device, precision)
-    if not isinstance(bundle.tokenizer, BPETokenizer | MarianTokenizer):
-        raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
-    return model, bundle.tokenizer, generation_of(bundle.run)
-
-
 def _check_out(path: str, overwrite: bool) -> None:
     """``--out`` of a command that writes one whole folder, replacing what is there: a new or
     empty folder, or with ``--overwrite`` an existing one -- but never a link (a run's
@@ -112,48 +61,6 @@ def _check_out(path: str, overwrite: bool) -> None:
         )
 
 
-def _load_lm(
-    path: str, device: torch.device | None = None, precision: Precision | None = None
-) -> tuple[DecoderLM, Tokenizer, GenerationIds]:
-    """A decoder-only model, its tokenizer and its BOS / PAD / EOS ids (generation_config.json
-    of a Hugging Face folder; none for a model aiayn trained)."""
-    model, bundle = _load_as(path, DecoderLM, "a decoder-only language model", device, precision)
-    return model, bundle.tokenizer, generation_of(bundle.run)
-
-
-def _sampling(args: argparse.Namespace) -> SamplingConfig:
-    return SamplingConfig(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-    )
-
-
-def _load_encoder(path: str, device: torch.device) -> tuple[EncoderLM, Tokenizer]:
-    """An encoder (BERT) and its tokenizer."""
-    model, bundle = _load_as(path, EncoderLM, "an encoder (BERT)", device)
-    return model, bundle.tokenizer
-
-
-def _print_result(result: FitResult) -> None:
-    if result.already_complete:
-        print(
-            f"the run is already complete: step {result.step} of {result.max_steps};"
-            f" validation loss {result.val_loss:.4f} nats/token; checkpoint {result.checkpoint}"
-        )
-        return
-    padding = result.padding_fraction
-    print(
-        f"step {result.step} of {result.max_steps}: validation loss {result.val_loss:.4f}"
-        f" nats/token (final model); {result.tokens_per_s:,.0f} target tokens/s"
-        + (f"; padding {padding:.1%} of batch slots" if padding is not None else "")
-        + f"; peak memory {result.peak_rss_mib:,.0f} MiB; checkpoint {result.checkpoint}"
-    )
-    if result.skipped_steps:
-        print(f"updates skipped (loss not finite) at steps {result.skipped_steps}")
-
-
 def _add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="auto (a GPU when there is one), cpu, cuda or cuda:N"
@@ -170,10 +77,6 @@ def _add_precision(p: argparse.ArgumentParser) -> None:
                    " fp32's bytes per token; a checkpoint already in int8 needs no flag")  # fmt: skip
     p.add_argument("--kv-cache-dtype", choices=("float32", "bfloat16"), default=None,
                    help="keep keys and values in this dtype (default: the model's)")  # fmt: skip
-
-
-def _precision(args: argparse.Namespace) -> Precision:
-    return Precision(dtype=args.dtype, quantize=args.quantize, kv_cache=args.kv_cache_dtype)
 
 
 def _add_decoding(p: argparse.ArgumentParser) -> None:

@@ -6,27 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from aiayn.cli.common import (
-    _add_decoding,
-    _add_device,
-    _add_precision,
-    _beam,
-    _device,
-    _load_encoder,
-    _load_lm,
-    _load_translator,
-    _precision,
-    _sampling,
-)
+from aiayn.cli.common import _add_decoding, _add_device, _add_precision
 from aiayn.data.files import read_text, split_lines
-from aiayn.data.tokenizer import BPETokenizer
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt, streaming whole characters; stop at the checkpoint's EOS ids
     (unless --ignore-eos), which are not printed."""
+    import torch
+
+    from aiayn.cli.loading import _device, _load_lm, _precision, _sampling
     from aiayn.generate import generate
     from aiayn.generate.text import TextStream
 
@@ -62,6 +51,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     """An interactive chat in the terminal: one line per user message, the reply streamed.
     ``/reset`` starts again, ``/exit`` (or end of input) leaves."""
+    from aiayn.cli.loading import _device, _load_lm, _precision, _sampling
+    from aiayn.data.tokenizer import BPETokenizer
     from aiayn.generate.chat import Chat
 
     model, tokenizer, ids = _load_lm(args.checkpoint, _device(args), _precision(args))
@@ -101,6 +92,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
+    from aiayn.cli.loading import _beam, _device, _load_translator, _precision
     from aiayn.generate.translate import translate
 
     model, tokenizer, ids = _load_translator(args.checkpoint, _device(args), _precision(args))
@@ -129,6 +121,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from aiayn.cli.loading import _device, _load_encoder
     from aiayn.generate.encoder import sentence_embeddings
     from aiayn.interop.sentence_transformers import read_pooling
 
@@ -164,6 +157,7 @@ def cmd_fill_mask(args: argparse.Namespace) -> int:
     """The likeliest tokens at each [MASK] of a text."""
     import json
 
+    from aiayn.cli.loading import _device, _load_encoder
     from aiayn.generate.encoder import fill_mask
 
     model, tokenizer = _load_encoder(args.checkpoint, _device(args))

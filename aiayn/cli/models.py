@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from aiayn.checkpoint import load
-from aiayn.cli.common import (
-    _add_set,
-    _check_out,
-    _overrides,
-)
+from aiayn.cli.common import _add_set, _check_out, _overrides
 from aiayn.config import presets
-from aiayn.data.tokenizer import BPETokenizer
-from aiayn.inspect.summary import summarize
-from aiayn.interop.families import FAMILIES
-from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, build_model
+
+
+# The model_type of each family in aiayn/interop/families.py (named here, not imported, so
+# that the parser needs no torch; tests/test_cli.py holds the two equal).
+HF_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "marian", "bart")
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    import torch
+
+    from aiayn.models import build_model
+
     with torch.device("meta"):
         for name in presets():
             model = build_model(name)
@@ -28,6 +26,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    from aiayn.inspect.summary import summarize
+    from aiayn.models import build_model
+
     with torch.device("meta"):  # shapes only: no memory, no time
         model = build_model(args.preset, **_overrides(args.set))
     print(summarize(model))
@@ -47,7 +50,10 @@ def cmd_calc(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     """Hugging Face checkpoint folders in (--from-hf) and out (--to-hf FAMILY); a checkpoint
     with int8 weights (--quantize int8)."""
+    from aiayn.checkpoint import load
+    from aiayn.data.tokenizer import BPETokenizer
     from aiayn.interop.hf_folder import convert_from_hf, save_hf_folder
+    from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM
 
     _check_out(args.out, args.overwrite)
     if args.from_hf:
@@ -120,8 +126,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-hf", metavar="DIR", help="an HF folder (config.json, safetensors)")
     way.add_argument(
-        "--to-hf", metavar="FAMILY", choices=list(FAMILIES),
-        help=f"write --checkpoint as this HF family ({', '.join(FAMILIES)})",
+        "--to-hf", metavar="FAMILY", choices=HF_FAMILIES,
+        help=f"write --checkpoint as this HF family ({', '.join(HF_FAMILIES)})",
     )  # fmt: skip
     way.add_argument(
         "--quantize", choices=("int8",),

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from aiayn.cli.common import (
-    _add_set,
-    _overrides,
-)
+from aiayn.cli.common import _add_set, _overrides
 from aiayn.config import presets
 
 

@@ -6,13 +6,7 @@ import argparse
 import os
 import sys
 
-from aiayn.checkpoint import load
-from aiayn.cli.common import (
-    _add_device,
-    _add_precision,
-    _device,
-    _precision,
-)
+from aiayn.cli.common import _add_device, _add_precision
 from aiayn.config import presets
 from aiayn.interop.generation_config import generation_of
 
@@ -21,6 +15,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/): the engine runs
     in this (main) thread, the HTTP server in another, and Ctrl-C or SIGTERM stops both
     (aiayn/serve/server.py)."""
+    from aiayn.checkpoint import load
+    from aiayn.cli.loading import _device, _precision
     from aiayn.interop.sentence_transformers import read_pooling
     from aiayn.models.precision import apply_precision
     from aiayn.serve.app import create_app
@@ -52,6 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_explore(args: argparse.Namespace) -> int:
     """Serve the browser explorer on ``--host``:``--port``."""
+    from aiayn.cli.loading import _device
     from aiayn.explore.registry import default_registry
     from aiayn.explore.server import serve
 

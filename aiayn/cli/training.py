@@ -7,27 +7,13 @@ import contextlib
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from aiayn.checkpoint import load
-from aiayn.cli.common import (
-    _add_decoding,
-    _add_device,
-    _add_precision,
-    _add_set,
-    _beam,
-    _device,
-    _load_translator,
-    _precision,
-    _print_result,
-    _train_overrides,
-)
+from aiayn.cli.common import _add_decoding, _add_device, _add_precision, _add_set, _train_overrides
 from aiayn.data.files import data_dir
-from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
-from aiayn.generate.beam import BeamConfig
-from aiayn.inspect.summary import summarize
-from aiayn.models import EncoderDecoder
+
+if TYPE_CHECKING:
+    from aiayn.models import EncoderDecoder
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "demo_de_en.toml"
 
@@ -35,11 +21,16 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "demo_
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: train the paper's model on Multi30k for a fixed number of steps, then
     translate test sentences with beam search and score them."""
+    import torch
+
     from aiayn.checkpoint import RunDir, read_run
+    from aiayn.cli.loading import _device, _load_translator, _print_result
     from aiayn.data.parallel import multi30k
     from aiayn.device import matmul_gflops
     from aiayn.evaluate.translation import score
+    from aiayn.generate.beam import BeamConfig
     from aiayn.generate.translate import translate
+    from aiayn.inspect.summary import summarize
     from aiayn.train.config import load_run_config
     from aiayn.train.translate import train_translation
 
@@ -84,8 +75,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
 
+    import torch
     import torch.distributed as dist
 
+    from aiayn.cli.loading import _print_result
     from aiayn.train.config import load_run_config
     from aiayn.train.lm import train_lm
     from aiayn.train.translate import train_translation
@@ -120,8 +113,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import math
 
+    from aiayn.checkpoint import load
+    from aiayn.cli.loading import _device, _precision
     from aiayn.data.lm_data import TokenStream
     from aiayn.evaluate.perplexity import evaluate_lm
+    from aiayn.models import EncoderDecoder
     from aiayn.models.precision import apply_precision
     from aiayn.nn.cpu_kernels import for_decoding
 
@@ -180,7 +176,9 @@ def _evaluate_images(model: object, run: dict[str, object]) -> int:
 def _evaluate_translation(
     args: argparse.Namespace, model: EncoderDecoder, tokenizer: object, data: dict[str, object]
 ) -> int:
+    from aiayn.cli.loading import _beam
     from aiayn.data.parallel import multi30k, read_parallel
+    from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
     from aiayn.evaluate.translation import evaluate_translation
 
     if not isinstance(tokenizer, BPETokenizer | MarianTokenizer):

@@ -40,6 +40,7 @@ from aiayn.data.batching import batch_shapes
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.device import matmul_gflops
+from aiayn.errors import NonFiniteLoss, TrainingInterrupted
 from aiayn.evaluate.translation import evaluate_translation
 from aiayn.experiment.spec import Sweep, Variant
 from aiayn.generate.beam import BeamConfig
@@ -47,7 +48,7 @@ from aiayn.inspect.calc import training_flops_per_token, translation_batch_flops
 from aiayn.models import EncoderDecoder
 from aiayn.train.config import RunConfig
 from aiayn.train.lm import train_lm
-from aiayn.train.loop import FitResult, NonFiniteLoss, TrainingInterrupted
+from aiayn.train.loop import FitResult
 from aiayn.train.translate import encode_pairs, load_pairs, train_translation
 
 RESULT_FILE = "result.json"

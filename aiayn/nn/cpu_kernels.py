@@ -254,8 +254,29 @@ class DecodingInt8Linear(Int8Linear):
 
 # Without VNNI, x86's 8-bit multiply-add saturates in 16 bits: fbgemm then needs activations
 # of 7 bits (PyTorch's default for it); with VNNI (or AMX) the full 8 bits are exact.
-_REDUCE_RANGE = not ({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
-INT8_ACTIVATION_BITS = 7 if _REDUCE_RANGE else 8  # what the int8 kernel quantizes activations to
+CPU_HAS_VNNI = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+ACTIVATION_BITS_VAR = "AIAYN_INT8_ACTIVATION_BITS"
+
+
+def _activation_bits(setting: str | None, vnni: bool) -> int:
+    """The bits the int8 kernel quantizes activations to: ``setting`` (the value of
+    ``AIAYN_INT8_ACTIVATION_BITS``: 7, or 8 where the CPU has VNNI), else the most the CPU
+    computes exactly (8 with VNNI or AMX, 7 without).  7 bits run correctly everywhere, only
+    less precisely: setting 7 on a VNNI machine reproduces another CPU's int8 numbers."""
+    if setting is None or not setting.strip():
+        return 8 if vnni else 7
+    if setting.strip() == "7":
+        return 7
+    if setting.strip() == "8" and vnni:
+        return 8
+    raise ValueError(
+        f"{ACTIVATION_BITS_VAR}={setting!r}: expected 7, or 8 on a CPU with VNNI or AMX"
+        + ("" if vnni else " (this one has neither: its 8-bit products saturate)")
+    )
+
+
+INT8_ACTIVATION_BITS = _activation_bits(os.environ.get(ACTIVATION_BITS_VAR), CPU_HAS_VNNI)
+_REDUCE_RANGE = INT8_ACTIVATION_BITS == 7  # fbgemm's flag for 7-bit activations
 
 
 def _dynamic_pack(qweight: Tensor, scale: Tensor, bias: Tensor | None) -> Any | None:

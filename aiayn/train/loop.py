@@ -40,6 +40,7 @@ from aiayn.checkpoint.sharded import load_sharded
 from aiayn.config import ModelConfig, differing_fields
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
+from aiayn.errors import NonFiniteLoss, TrainingInterrupted
 from aiayn.models import DecoderLM, EncoderLM, TransformerModel
 from aiayn.nn import cpu_kernels
 from aiayn.train.config import RunConfig, TrainConfig
@@ -56,7 +57,6 @@ from aiayn.train.parallel import (
 from aiayn.train.policy import (
     CheckpointPolicy,
     StopRequest,
-    TrainingInterrupted,
     stop_on_signals,
 )
 from aiayn.train.schedule import lr_schedule
@@ -64,10 +64,6 @@ from aiayn.train.step import StepOutcome, TrainStep
 from aiayn.train.task import Task
 
 MAX_SKIPPED_IN_A_ROW = 10  # with on_nonfinite = "skip": this many in a row means divergence
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The loss or the gradient became NaN or infinite; the last good checkpoint stays."""
 
 
 @dataclass(frozen=True)

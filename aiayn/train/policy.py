@@ -45,17 +45,6 @@ class CheckpointPolicy:
         return done % self.tc.eval_interval == 0 or done == end
 
 
-class TrainingInterrupted(Exception):
-    """Training stopped on a signal after writing a checkpoint at ``step``."""
-
-    def __init__(self, step: int, signal_name: str, checkpoint: str) -> None:
-        super().__init__(
-            f"{signal_name} received: stopped after step {step} with a checkpoint in"
-            f" {checkpoint}; continue with --resume"
-        )
-        self.step, self.signal_name, self.checkpoint = step, signal_name, checkpoint
-
-
 @dataclass
 class StopRequest:
     """Set by SIGTERM or the first Ctrl-C; the loop finishes its step, checkpoints, stops."""

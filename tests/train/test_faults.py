@@ -34,9 +34,9 @@ from aiayn.atomic import set_fault_hook
 from aiayn.checkpoint import RunDir, load
 from aiayn.checkpoint.run_dir import step_dir_name
 from aiayn.cli import main
+from aiayn.errors import NonFiniteLoss
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import LMTask, train_lm
-from aiayn.train.loop import NonFiniteLoss
 
 DRIVER = Path(__file__).with_name("fault_driver.py")
 STEPS = 72  # every kill point is drawn in advance: no need for a long run
