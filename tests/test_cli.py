@@ -56,4 +56,4 @@ def test_the_parsers_hf_families_are_the_interop_families() -> None:
     from aiayn.cli.models import HF_FAMILIES
     from aiayn.interop.families import FAMILIES
 
-    assert HF_FAMILIES == tuple(FAMILIES)
+    assert tuple(FAMILIES) == HF_FAMILIES

@@ -7,7 +7,6 @@ import argparse
 from aiayn.cli.common import _add_set, _check_out, _overrides
 from aiayn.config import presets
 
-
 # The model_type of each family in aiayn/interop/families.py (named here, not imported, so
 # that the parser needs no torch; tests/test_cli.py holds the two equal).
 HF_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "marian", "bart")
