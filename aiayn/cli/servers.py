@@ -11,6 +11,9 @@ from aiayn.config import presets
 from aiayn.interop.generation_config import generation_of
 
 
+KEY_VAR = "AIAYN_API_KEY"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a checkpoint over HTTP with continuous batching (aiayn/serve/): the engine runs
     in this (main) thread, the HTTP server in another, and Ctrl-C or SIGTERM stops both
@@ -38,12 +41,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         context=args.context,
         generation=generation_of(bundle.run),
         pooling=read_pooling(args.checkpoint),
-        api_key=args.api_key or os.environ.get("AIAYN_API_KEY") or None,
+        api_key=_api_key(args.api_key),
     )
     run_server(
         app, host=args.host, port=args.port, log_level=args.log_level, label=str(bundle.directory)
     )
     return 0
+
+
+def _api_key(given: str | None) -> str | None:
+    """``--api-key``, else ``$AIAYN_API_KEY``, else None (an open server).  An empty key is
+    refused: it would otherwise serve openly while looking protected."""
+    key, source = (given, "--api-key") if given is not None else (os.environ.get(KEY_VAR), KEY_VAR)
+    if key is not None and not key.strip():
+        raise ValueError(f"{source} is empty: give a key, or leave it unset to serve without one")
+    return key
 
 
 def cmd_explore(args: argparse.Namespace) -> int:

@@ -190,3 +190,30 @@ def test_aiayn_serve_wires_pooling_and_the_api_key(minilm_want: np.ndarray) -> N
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+def test_the_api_key_comes_from_the_environment_and_is_never_empty(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``aiayn serve`` without --api-key takes $AIAYN_API_KEY; an empty key, given either
+    way, is refused instead of serving openly."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from aiayn.cli import main
+    from aiayn.serve import server
+
+    apps: list[FastAPI] = []
+    monkeypatch.setattr(server, "run_server", lambda app, **kw: apps.append(app))
+    monkeypatch.setenv("AIAYN_API_KEY", KEY)
+    assert main(["serve", "--checkpoint", str(MINILM)]) == 0
+    with TestClient(apps[0]) as client:
+        assert client.get("/v1/models").status_code == 401
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert client.get("/v1/models", headers=auth).status_code == 200
+    assert main(["serve", "--checkpoint", str(MINILM), "--api-key", ""]) == 2
+    assert "--api-key is empty" in capsys.readouterr().err
+    monkeypatch.setenv("AIAYN_API_KEY", " ")
+    assert main(["serve", "--checkpoint", str(MINILM)]) == 2
+    assert "AIAYN_API_KEY is empty" in capsys.readouterr().err
+    assert len(apps) == 1
