@@ -18,10 +18,12 @@ from aiayn.data.download import Corpus, Remote, fetch, prepare_wmt14_en_de
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    """Serves ``files`` (name -> bytes) with Range support; the first request for a name in
-    ``cut`` sends only that many bytes and drops the connection."""
+    """Serves ``files`` (name -> bytes) with Range support, except for the names in
+    ``no_range`` (a server that ignores Range: 200 and the whole body); the first request for
+    a name in ``cut`` sends only that many bytes and drops the connection."""
 
     files: ClassVar[dict[str, bytes]] = {}
+    no_range: ClassVar[set[str]] = set()
     cut: ClassVar[dict[str, int]] = {}
     requests: ClassVar[list[tuple[str, str | None]]] = []
 
@@ -33,7 +35,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(404)
             return
         body, start = self.files[name], 0
-        if rng:
+        if rng and name not in self.no_range:
             start = int(rng.removeprefix("bytes=").split("-")[0])
             if start >= len(body):
                 self.send_error(416)
@@ -58,7 +60,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    Handler.files, Handler.cut, Handler.requests = {}, {}, []
+    Handler.files, Handler.cut, Handler.requests, Handler.no_range = {}, {}, [], set()
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -87,6 +89,19 @@ def test_a_download_is_checked_cached_and_resumed(server: str, tmp_path: Path) -
 def test_a_partial_download_left_by_a_killed_run_resumes(server: str, tmp_path: Path) -> None:
     body = b"0123456789" * 1000
     r = remote(server, "a.gz", body)
+    (tmp_path / "a.gz.part").write_bytes(body[:4321])
+    assert fetch(r, tmp_path, log=lambda _: None).read_bytes() == body
+    assert Handler.requests == [("a.gz", "bytes=4321-")]
+
+
+def test_a_server_that_ignores_range_makes_the_download_start_over(
+    server: str, tmp_path: Path
+) -> None:
+    """Asked for the rest, a server without Range support sends the whole file (200): the
+    download starts the file again instead of appending it to what it already has."""
+    body = b"0123456789" * 1000
+    r = remote(server, "a.gz", body)
+    Handler.no_range.add("a.gz")
     (tmp_path / "a.gz.part").write_bytes(body[:4321])
     assert fetch(r, tmp_path, log=lambda _: None).read_bytes() == body
     assert Handler.requests == [("a.gz", "bytes=4321-")]
