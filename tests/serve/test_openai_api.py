@@ -36,11 +36,23 @@ KEY = "sk-test-0123456789"
 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A chat folder whose generation_config ends a reply at <|im_end|> or <|endoftext|>."""
+    """A chat folder whose generation_config ends a reply at the token that its greedy reply
+    to :data:`MESSAGES` takes 6th (or the first new one after): so that reply provably ends at
+    an end id, after 6 or more tokens.  (An untrained model seldom says <|im_end|>.)"""
     root = tmp_path_factory.mktemp("chat")
-    folder = chat_folder(root, eos=[])
-    im_end = load(folder).tokenizer.tok.token_to_id("<|im_end|>")  # type: ignore[union-attr]
-    return chat_folder(root / "ends", eos=[im_end, 0])
+    reply = greedy_reply(chat_folder(root, eos=[]), MESSAGES, 24)
+    end = next(t for k, t in enumerate(reply) if k >= 5 and t not in reply[:k])
+    return chat_folder(root / "ends", eos=[end])
+
+
+def greedy_reply(folder: Path, messages: list[dict[str, str]], n: int) -> list[int]:
+    """The first ``n`` tokens of transformers' greedy reply (``folder`` has no end ids)."""
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder)
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return [int(t) for t in out[0, len(ids) :]]
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +84,19 @@ MESSAGES = [
 ]
 
 
+@pytest.mark.parametrize(("max_tokens", "want"), [(24, "stop"), (3, "length")])
 def test_chat_completions_plain_and_streamed_equal_transformers(
-    chat_url: str, chat_dir: Path
+    chat_url: str, chat_dir: Path, max_tokens: int, want: str
 ) -> None:
+    """The reply ends at an end id within 24 tokens (the folder is made so), and at
+    max_tokens before it."""
     client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
-    prompt_tokens, text, reason = reference(chat_dir, MESSAGES, 24)
+    prompt_tokens, text, reason = reference(chat_dir, MESSAGES, max_tokens)
+    assert reason == want
     got = client.chat.completions.create(
         model="tiny-chat",
         messages=MESSAGES,
-        max_tokens=24,
+        max_tokens=max_tokens,
         temperature=0,  # type: ignore[arg-type]
     )
     assert got.object == "chat.completion" and got.model == "tiny-chat"
@@ -89,7 +105,7 @@ def test_chat_completions_plain_and_streamed_equal_transformers(
     assert got.choices[0].finish_reason == reason
     assert got.usage is not None and got.usage.prompt_tokens == prompt_tokens
     chunks = list(client.chat.completions.create(
-        model="tiny-chat", messages=MESSAGES, max_tokens=24, temperature=0, stream=True,  # type: ignore[arg-type]
+        model="tiny-chat", messages=MESSAGES, max_tokens=max_tokens, temperature=0, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
     ))  # fmt: skip
     assert chunks[0].choices[0].delta.role == "assistant"
