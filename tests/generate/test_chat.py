@@ -105,18 +105,21 @@ def test_chat_needs_a_template(
 
 
 def test_generate_stops_at_the_end_id_without_printing_it(
-    folders: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder, stop = folders
-    bundle = load(folder)
+    """The folder ends on the 4th distinct token of the prompt's free greedy run (chosen
+    here, so the end id provably comes): generate prints the text before it; --ignore-eos
+    prints all 30 tokens."""
     prompt = "hello there"
+    bundle = load(chat_folder(tmp_path / "free", eos=[]))
     free = generate(bundle.model, [bundle.tokenizer.encode(prompt)], max_new_tokens=30,  # type: ignore[arg-type]
                     sampling=GREEDY)[0]  # fmt: skip
+    new = [i for i, t in enumerate(free) if t not in free[:i]]
+    assert len(new) >= 4, free
+    folder = chat_folder(tmp_path / "ends", eos=[free[new[3]]])
     args = ["generate", "--checkpoint", str(folder), "--prompt", prompt, "--temperature", "0",
             "--max-new-tokens", "30"]  # fmt: skip
     _, out, _ = run_cli(args, "", monkeypatch, capsys)
-    ends = [i for i, t in enumerate(free) if t in (stop, 0)]
-    cut = free[: ends[0]] if ends else free
-    assert out == prompt + bundle.tokenizer.decode(cut) + "\n"
+    assert out == prompt + bundle.tokenizer.decode(free[: new[3]]) + "\n"
     _, out, _ = run_cli([*args, "--ignore-eos"], "", monkeypatch, capsys)
     assert out == prompt + bundle.tokenizer.decode(free) + "\n"
