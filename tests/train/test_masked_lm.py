@@ -93,6 +93,34 @@ def test_bert_corruption_rates_and_specials() -> None:
     assert torch.equal(inputs[~chosen], ids[~chosen])
 
 
+def test_the_task_never_chooses_the_tokenizers_special_tokens(bert: Path) -> None:
+    """The training task's corruption, on a stream where a quarter of the tokens are the
+    folder's [CLS], [SEP], [PAD], [MASK] and [UNK]: every special id is known to the task,
+    none is ever chosen, and the ordinary tokens are chosen at BERT's 15 %."""
+    from aiayn.data.lm_data import TokenStream
+
+    bundle = load(bert)
+    tok = bundle.tokenizer
+    specials = torch.tensor(
+        [tok.tok.token_to_id(n) for n in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")]  # type: ignore[union-attr]
+    )
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 300, (40_000,), generator=g)
+    where = torch.rand(ids.shape, generator=g) < 0.25
+    ids[where] = specials[torch.randint(len(specials), (int(where.sum()),), generator=g)]
+    task = MaskedLMTask(TokenStream(ids.numpy(), seed=0), tok, batch_size=32, block=64,  # type: ignore[arg-type]
+                        vocab_size=bundle.model.config.vocab_size, eval_batches=1, seed=0)  # fmt: skip
+    assert set(specials.tolist()) <= set(task.special.tolist())
+    inputs, labels = (torch.cat(t) for t in zip(*task.next_batches(8, 0, 1), strict=True))
+    chosen = labels != IGNORE  # (8 B, T)
+    original = torch.where(chosen, labels, inputs)
+    special = torch.isin(original, specials)
+    assert special.any() and not (chosen & special).any()
+    # ~12,000 ordinary tokens: 15 % chosen, within 5 standard deviations (0.0033 each)
+    rate = chosen[~special].float().mean().item()
+    assert abs(rate - 0.15) < 5 * (0.15 * 0.85 / int((~special).sum())) ** 0.5
+
+
 def test_fine_tuning_learns_resumes_and_converts_back(bert: Path, tmp_path: Path) -> None:
     cfg = run_config(tmp_path, bert)
     run = load_run_config(cfg)
