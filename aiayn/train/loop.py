@@ -27,7 +27,8 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,8 +107,6 @@ def open_run(
     """
     rd = RunDir(out_dir)
     rank, world = world_info()
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
     if not resume and rd.holds_run() and not overwrite:
         raise ValueError(
             f"{rd.root} already holds a run (its checkpoint, snapshots or log.csv): continue"
@@ -461,6 +460,37 @@ def train_run(
             f"model.quantization={run.model.quantization!r}: int8 weights are for decoding and"
             " do not train; train (or fine-tune) the fp32 model, then aiayn convert --quantize"
         )
+    with _threads(run.train.threads):
+        return _open_and_fit(
+            run, out_dir, resume, overwrite, build, make_task, model_type, stop_after, progress
+        )
+
+
+@contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` (``train.threads``) for the run, and given back
+    after it: a run started from Python leaves the caller's setting as it found it."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _open_and_fit(
+    run: RunConfig,
+    out_dir: str | Path,
+    resume: bool,
+    overwrite: bool,
+    build: Callable[[], tuple[TransformerModel, Tokenizer]],
+    make_task: Callable[[TransformerModel, Tokenizer], Task],
+    model_type: type[TransformerModel],
+    stop_after: int | None,
+    progress: bool,
+) -> tuple[FitResult, Task]:
+    """Open (or resume) the run, build the model and tokenizer if new, make the task, fit."""
     rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
     state: TrainState | None = None
     if resumed is not None:

@@ -2,6 +2,9 @@
 
     python fault_driver.py [--kill-at POINT] [--no-exchange] -- <aiayn train arguments>
 
+or, without a new interpreter's start-up, :func:`run_child` in a process forked from one that
+imported this module (multiprocessing's forkserver, tests/train/test_faults.py).
+
 Prints "ready" (flushed) when the first training step starts, so that the parent can send a
 signal from there.  With ``--kill-at`` the process kills itself with SIGKILL at a point named
 in advance -- never at an instant that depends on the host's speed:
@@ -145,6 +148,17 @@ def run(argv: list[str]) -> int:
             raise SystemExit(f"fault_driver.py: unknown option {argv[0]!r}")
     announce_first_step()
     return main(["train", *argv[1:]])
+
+
+def run_child(argv: list[str], log: str) -> None:
+    """:func:`run` in a forked child, its stdout and stderr written to the file ``log`` (line
+    by line, so that what was printed before a SIGKILL is there); exits with run's code."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.exit(run(argv))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ an error that names what is wrong, and the previous checkpoint stays usable.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
+import multiprocessing
 import os
 import random
 import selectors
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +41,10 @@ from aiayn.cli import main
 from aiayn.errors import NonFiniteLoss
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import LMTask, train_lm
+from tests.train import fault_driver
 
 DRIVER = Path(__file__).with_name("fault_driver.py")
-STEPS = 72  # every kill point is drawn in advance: no need for a long run
+STEPS = 36  # every kill point is drawn in advance: no need for a long run
 TOML = f"""
 [model]
 preset = "gpt2-small"
@@ -55,7 +60,7 @@ text = "corpus.txt"
 
 [train]
 max_steps = {STEPS}
-batch_size = 32
+batch_size = 16
 block_size = 32
 lr = 3e-3
 warmup_steps = 4
@@ -98,8 +103,8 @@ AT_THE_THIRD_COMMIT: dict[str, tuple[int, list[str]]] = {
     "pointer-switched": (9, ["removed the older checkpoint step_000000006"]),
     "old-removed": (9, []),
 }
-SNAPSHOTS = ["step_000000068", "step_000000072"]  # keep_snapshots = 2 of the last 10%
-RANDOM_SEED, RANDOM_KILLS = 1, 8
+SNAPSHOTS = ["step_000000034", "step_000000036"]  # keep_snapshots = 2 of the last 10%
+RANDOM_SEED, RANDOM_KILLS = 1, 4
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +115,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tor
         "Now is the winter of our discontent made glorious summer by this sun of York.\n" * 30
     )
     (root / "run.toml").write_text(TOML)
-    done = run_cli(root, "reference", [])
-    assert done.returncode == 0, done.stderr[-2000:]
+    train_here(root, "reference", [])
     return root, final_weights(root / "reference")
 
 
@@ -155,22 +159,42 @@ def train_args(root: Path, out: str, extra: list[str]) -> list[str]:
     return [str(root / "run.toml"), "--out", str(root / out), "--data", str(root), *extra]
 
 
-def run_driver(
-    root: Path, out: str, extra: list[str], driver: Sequence[str] = ()
-) -> subprocess.CompletedProcess[str]:
+# Killed runs are children forked from a server that imported torch and aiayn once (not new
+# interpreters): each costs its training, not a second or more of imports.
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(["tests.train.fault_driver"])
+
+
+@dataclass
+class Child:
+    returncode: int
+    stderr: str  # with its stdout
+
+
+def run_driver(root: Path, out: str, extra: list[str], driver: Sequence[str] = ()) -> Child:
     """``aiayn train`` in a child process, with the driver's options (``--kill-at``...)."""
-    return subprocess.run(
-        [sys.executable, str(DRIVER), *driver, "--", *train_args(root, out, extra)],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
+    log = root / f"{out}.{len(list(root.glob(f'{out}.*.log')))}.log"
+    argv = [*driver, "--", *train_args(root, out, extra)]
+    child = FORKS.Process(target=fault_driver.run_child, args=(argv, str(log)))
+    child.start()
+    child.join(CHILD_TIMEOUT_S)
+    if child.exitcode is None:  # a hang guard
+        child.kill()
+        child.join()
+        raise AssertionError(f"the training child did not end in {CHILD_TIMEOUT_S} s")
+    return Child(child.exitcode, log.read_text())
 
 
-def run_cli(root: Path, out: str, extra: list[str]) -> subprocess.CompletedProcess[str]:
-    return run_driver(root, out, extra)
+def train_here(root: Path, out: str, extra: Sequence[str]) -> str:
+    """``aiayn train`` in this process, as the CLI runs it; its stderr.  The runs that are
+    killed are child processes; the uninterrupted run and every resumption to the end run
+    here, and take the same kernels on one thread (``train.threads``), so they are bit for bit
+    the runs a child makes, without a child's start-up."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", *train_args(root, out, list(extra))])
+    assert code == 0, err.getvalue()[-2000:]
+    return err.getvalue()
 
 
 def killed_at(root: Path, out: str, point: str, extra: list[str], more: Sequence[str] = ()) -> str:
@@ -228,10 +252,8 @@ def assert_same_run(root: Path, out: str, reference: dict[str, torch.Tensor]) ->
 
 
 def finish(root: Path, out: str, extra: Sequence[str] = ()) -> str:
-    """Resume the run to its end with the CLI; its stderr."""
-    done = run_cli(root, out, [*extra, "--resume"])
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stderr
+    """Resume the run to its end with the CLI (in this process); its stderr."""
+    return train_here(root, out, [*extra, "--resume"])
 
 
 def assert_checkpoint_loads(
@@ -287,7 +309,7 @@ def test_sigkill_at_every_step_of_a_checkpoint_commit(
 def kill_schedule(seed: int, kills: int) -> list[str]:
     """Kill points drawn in advance: the K-th step of a process, or a named file-system step
     of its N-th commit.  Each run advances at most 6 steps (checkpoints every 3), so every
-    point is reached within the 72 steps; the first run dies after its first commit."""
+    point is reached within the 36 steps; the first run dies after its first commit."""
     rng = random.Random(seed)
     points = []
     for i in range(kills):
@@ -351,15 +373,15 @@ def test_sigkill_while_a_snapshot_folder_is_replaced(
     root, reference = setup
     out, snapshot = "snapshot", SNAPSHOTS[0]
     snapshots = RunDir(root / out).snapshots
-    # 1. Checkpoints at 3, 6, ... 66; the snapshot of step 68; killed in step 69.
-    killed_at(root, out, "step:69", [])
+    # 1. Checkpoints at 3, 6, ... 33; the snapshot of step 34; killed in step 35.
+    killed_at(root, out, "step:35", [])
     assert [p.name for p in snapshots.iterdir()] == [snapshot]
-    # 2. Resumed from 66, killed once the new snapshot 68 took the name: the old one waits
+    # 2. Resumed from 33, killed once the new snapshot 34 took the name: the old one waits
     #    under the temporary name.
     killed_at(root, out, "exchanged:1", ["--resume"])
     (exchanged,) = snapshots.glob(f".{snapshot}.tmp-*")
     atomic.verify_manifest(snapshots / snapshot)
-    # 3. Resumed from 66 again, without the exchange: killed with the old snapshot aside.
+    # 3. Resumed from 33 again, without the exchange: killed with the old snapshot aside.
     err = killed_at(root, out, "old-moved-aside:1", ["--resume"], ["--no-exchange"])
     assert_repairs(root / out, err, [f"removed the unfinished {exchanged.name}"])
     assert not (snapshots / snapshot).exists()
