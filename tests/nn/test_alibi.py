@@ -57,6 +57,7 @@ def test_attention_with_the_bias_by_hand() -> None:
     i = 3
     raw = [math.exp(-m * (i - j)) for j in range(4)]
     expected = [r / sum(raw) for r in raw]
+    # fp32 softmax of 4 scores vs fp64: a few ulps (~3e-8 at 0.25); 1e-6 is ~30 of them.
     torch.testing.assert_close(w[0, 0, i], torch.tensor(expected), atol=1e-6, rtol=1e-6)
 
 
@@ -89,11 +90,13 @@ def test_alibi_in_an_encoder_decoder_and_encoder() -> None:
         mt.decode(tgt[:, i : i + 1], memory if i == 0 else None, keep, cache=cache)
         for i in range(6)
     ]
+    # fp32, cached steps sum in another order: 32 x 2^-23 ~ 4e-6 per 32-wide sum, over 2 blocks.
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     bert = aiayn.build_model("bert-base", positional="alibi", **kw).eval()
     ids = torch.randint(1, 40, (1, 8))
     perm = torch.randperm(8)
     # Without positions an encoder is permutation-equivariant; with ALiBi it is not.
+    # fp32 noise here is ~1e-7; the permutation measured 3.4e-4 (logits ~0.3), so 1e-4 sits between.
     assert not torch.allclose(bert(ids[:, perm]), bert(ids)[:, perm], atol=1e-4)
 
 
@@ -105,4 +108,5 @@ def test_every_backend_applies_the_bias(backend: str) -> None:
     torch.manual_seed(0)
     other = aiayn.build_model("gpt2-small", positional="alibi", attention_backend=backend, **kw)
     ids = torch.randint(0, 40, (2, 30))
+    # fp32, another kernel's summation order: 32 x 2^-23 ~ 4e-6 per 32-wide sum, over 2 layers.
     torch.testing.assert_close(other.eval()(ids), ref.eval()(ids), atol=1e-5, rtol=1e-5)

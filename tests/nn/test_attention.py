@@ -23,7 +23,7 @@ def test_trophy_query_worked_example() -> None:
     v = torch.eye(4)  # one-hot values: the output row *is* the weight row
     out, w = sdpa(q, k, v, return_weights=True)
     expected = torch.tensor([[0.874, 0.043, 0.039, 0.043]])
-    torch.testing.assert_close(w, expected, atol=5e-4, rtol=0)
+    torch.testing.assert_close(w, expected, atol=5e-4, rtol=0)  # 3 decimals: half the last digit
     torch.testing.assert_close(out[:, :4], w)
     # Scores were divided by sqrt(3) before the softmax.
     torch.testing.assert_close(w, torch.softmax(raw / math.sqrt(3), -1))
@@ -34,6 +34,7 @@ def test_two_token_worked_example() -> None:
     v = torch.tensor([[10.0, 0.0], [0.0, 20.0]])
     for backend in BACKENDS:
         out = sdpa(q, k, v, backend=backend)
+        # Printed to 1 decimal: within half a unit of the last digit.
         torch.testing.assert_close(out, torch.tensor([[6.7, 6.6], [3.3, 13.4]]), atol=0.05, rtol=0)
     _, w = sdpa(q, k, v, return_weights=True)
     a = math.exp(1 / math.sqrt(2))
@@ -48,9 +49,10 @@ def test_not_good_under_causal_mask() -> None:
     v = torch.tensor([[-2.0, 0.0], [0.0, 2.0]])
     out, w = sdpa(q, k, v, is_causal=True, return_weights=True)
     torch.testing.assert_close(w[0], torch.tensor([1.0, 0.0]))  # "not" sees only itself
-    torch.testing.assert_close(w[1], torch.tensor([0.67, 0.33]), atol=5e-3, rtol=0)
+    torch.testing.assert_close(w[1], torch.tensor([0.67, 0.33]), atol=5e-3, rtol=0)  # 2 decimals
     torch.testing.assert_close(out[0], torch.tensor([-2.0, 0.0]))
-    torch.testing.assert_close(out[1], torch.tensor([-1.34, 0.66]), atol=0.01, rtol=0)
+    # The 2-decimal weights' rounding (5e-3) times the values' size 2.
+    torch.testing.assert_close(out[1], torch.tensor([-1.34, 0.66]), atol=2 * 5e-3, rtol=0)
     for backend in BACKENDS:
         torch.testing.assert_close(sdpa(q, k, v, is_causal=True, backend=backend), out)
 
@@ -91,9 +93,10 @@ def test_backends_agree_forward_and_backward(is_causal: bool, mask_kind: int) ->
         out.square().sum().backward()
         outs.append(out)
         grads.append([x.grad for x in (q, k, v)])
+    # fp32, another summation order: D=16 terms x 2^-23 ~ 2e-6 per dot product, ~5x room.
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     for g_ref, g_fast in zip(grads[0], grads[1], strict=True):
-        torch.testing.assert_close(g_ref, g_fast, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(g_ref, g_fast, atol=1e-5, rtol=1e-5)  # as the outputs
 
 
 def test_is_causal_equals_explicit_mask_and_aligns_bottom_right() -> None:
@@ -231,5 +234,6 @@ def test_row_groups_equal_one_call_over_all_rows() -> None:
     for groups in (((0, 5, 12),), ((0, 1, 7), (1, 2, 3), (2, 5, 12)), ((0, 2, 7), (2, 5, 12))):
         call = AttentionCall(scale=8**-0.5, mask=mask, row_groups=groups)
         got, _ = attend(q, k, v, call, "sdpa")
+        # fp32, another order over D=8, S<=12: 8 x 2^-23 ~ 1e-6 absolute; 1e-5 ~ 80 ulps relative.
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
         assert call.for_rows(0, 1, 7).live_rows and not call.live_rows

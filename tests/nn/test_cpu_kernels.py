@@ -58,11 +58,13 @@ def test_onednn_training_equals_f_linear_forward_and_gradients(
         out = layer(x)
         (out * probe).sum().backward()
     (ref * probe).sum().backward()
+    # fp32, oneDNN's summation order: 40 x 2^-23 ~ 5e-6 for the 24- and 40-term sums.
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)  # as out
+    # Sums over up to 150 rows: values ~sqrt(150) ~ 12, off by ~sqrt(150) x 12 x 2^-23 ~ 2e-5.
     torch.testing.assert_close(layer.weight.grad, w.grad, atol=1e-4, rtol=1e-5)
     if bias:
-        torch.testing.assert_close(layer.bias.grad, b.grad, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(layer.bias.grad, b.grad, atol=1e-4, rtol=1e-5)  # as weight
 
 
 def test_onednn_runs_only_inside_a_training_block_that_chose_it(
@@ -194,8 +196,9 @@ def test_packed_decoding_equals_f_linear_and_is_released(monkeypatch: pytest.Mon
             layers = [m for m in model if isinstance(m, Linear)]
             assert plan.packed == 2 and not plan.gemv
             assert all(type(m) is DecodingLinear and m.packed is not None for m in layers)
+            # fp32, packed oneDNN's summation order: 64 x 2^-23 ~ 8e-6 for a 64-term sum.
             torch.testing.assert_close(model(x1), expected1, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(model(x8), expected8, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(model(x8), expected8, atol=1e-5, rtol=1e-5)  # as x1
     assert all(type(m) is not DecodingLinear and "packed" not in vars(m) for m in model)
     with for_decoding(model, 8):  # with gradients the packed copy is never used
         model(x8).sum().backward()
@@ -341,7 +344,7 @@ def test_the_gemv_probe_times_one_row_passes_through_the_models_own_weights(
     monkeypatch.setattr(kernels, "_gemv", gemv)
     monkeypatch.setattr(kernels.F, "linear", linear)
     baseline, by_gemv = kernels._gemv_seconds(list(model), budget_s=0.0)
-    assert 0 < baseline < 1 and 0 < by_gemv < 1
+    assert 0 < baseline < 1 and 0 < by_gemv < 1  # microseconds a pass: 1 s catches a broken timer
     passes = 1 + 3  # the warm-up, then the fewest rounds
     assert len(gemv_calls) == len(linear_calls) == 2 * passes
     for i, m in enumerate(model):  # the layers' own weights, not copies

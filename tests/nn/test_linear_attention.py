@@ -44,6 +44,7 @@ def test_parallel_and_recurrent_forms_equal_the_formula(chunk: int) -> None:
     q, k, v = (torch.randn(2, 3, 40, 8, dtype=torch.float64) for _ in range(3))
     expected = by_hand(q, k, v)
     out, state = linear_attention(q, k, v, chunk=chunk)
+    # fp64 rounding is ~1e-15; these still fail if EPS=1e-6 were dropped (3e-7 here).
     torch.testing.assert_close(out, expected, atol=1e-9, rtol=1e-7)
     torch.testing.assert_close(linear_attention_reference(q, k, v), expected, atol=1e-9, rtol=1e-7)
     # The state after all 40 positions: S = sum phi(k_j) v_j^T, z = sum phi(k_j).
@@ -56,7 +57,7 @@ def test_parallel_and_recurrent_forms_equal_the_formula(chunk: int) -> None:
                                  v[:, :, start : start + size], state=st)  # fmt: skip
         pieces.append(o)
         start += size
-    torch.testing.assert_close(torch.cat(pieces, 2), expected, atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(torch.cat(pieces, 2), expected, atol=1e-9, rtol=1e-7)  # as above
 
 
 def test_padding_adds_nothing_and_grouped_heads_share() -> None:
@@ -81,13 +82,14 @@ def test_model_cached_decoding_causality_and_left_padding(every: int | None) -> 
     full = m(ids)
     cache = m.new_cache(2, 30)
     steps = [m(ids[:, :7], cache=cache)] + [m(ids[:, i : i + 1], cache=cache) for i in range(7, 30)]
+    # fp32, cached steps sum in another order: 32 x 2^-23 ~ 4e-6 per 32-wide sum, 4 layers.
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     changed = ids.clone()
     changed[:, 20:] = (changed[:, 20:] + 3) % 50
     torch.testing.assert_close(m(changed)[:, :20], full[:, :20])  # nothing leaks backwards
     padded = torch.cat([torch.zeros(2, 3, dtype=torch.long), ids[:, :10]], 1)
     keep = torch.cat([torch.zeros(2, 3, dtype=torch.bool), torch.ones(2, 10, dtype=torch.bool)], 1)
-    torch.testing.assert_close(
+    torch.testing.assert_close(  # as the cached steps
         m(padded, attention_mask=keep)[:, 3:], m(ids[:, :10]), atol=1e-5, rtol=1e-5
     )
 

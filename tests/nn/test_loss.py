@@ -72,10 +72,12 @@ def test_bf16_autocast_matches_fp32_closely() -> None:
     ref = _reference(ref_h, ref_w, None, y, -100, 0.0)
     ref.backward()
     assert got.dtype == torch.float32
+    # bf16 logits ~6 carry ~6 x 2^-8 ~ 0.02 each: 5x that; rtol ~5 x 2^-8.
     torch.testing.assert_close(got, ref, atol=0.1, rtol=0.02)
     assert h.grad is not None and h.grad.dtype == torch.float32
+    # No derivation: grads (up to 0.1) measured 7e-4 off on an AMD EPYC; ~30x margin.
     torch.testing.assert_close(h.grad, ref_h.grad, atol=0.02, rtol=0.1)
-    torch.testing.assert_close(w.grad, ref_w.grad, atol=0.02, rtol=0.1)
+    torch.testing.assert_close(w.grad, ref_w.grad, atol=0.02, rtol=0.1)  # as h.grad
 
 
 def test_bad_input_is_named() -> None:

@@ -26,10 +26,12 @@ def test_self_attention_equals_torch(backend: str) -> None:
     )
     mask = keep[:, None, None, :] & causal_mask(6)
     got = ours(x, Context(mask=mask))
+    # fp32, torch's summation order: 32 x 2^-23 ~ 4e-6 per 32-wide projection.
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     record = Record(weights=True)
     got2 = ours(x, Context(mask=keep[:, None, None, :], causal=True, record=record))
-    torch.testing.assert_close(got2, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got2, expected, atol=1e-5, rtol=1e-5)  # as above
+    # Weights in [0, 1]: 8 ulps (2^-23) absolute, 80 relative, for a 6-key softmax.
     torch.testing.assert_close(record.attention[0].weights, ref_w, atol=1e-6, rtol=1e-5)
 
 
@@ -43,6 +45,7 @@ def test_cross_attention_equals_torch() -> None:
     keep[:, 0] = True
     expected, _ = ref(x, memory, memory, key_padding_mask=~keep)
     got = ours(x, Context(memory=memory, memory_mask=keep[:, None, None, :]))
+    # fp32, torch's summation order: 32 x 2^-23 ~ 4e-6 per 32-wide projection.
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="memory"):
         ours(x, Context())
@@ -76,6 +79,7 @@ def test_gqa_with_all_kv_heads_is_mha() -> None:
     ours = SelfAttention(16, 4, n_kv_heads=4).eval()
     ours.load_from_torch(ref)
     x = torch.randn(1, 3, 16)
+    # fp32, torch's summation order: 16 x 2^-23 ~ 2e-6 per 16-wide projection.
     torch.testing.assert_close(ours(x, Context()), ref(x, x, x)[0], atol=1e-5, rtol=1e-5)
 
 
@@ -88,6 +92,7 @@ def test_cache_appends_and_matches_full() -> None:
     ctx = Context(causal=True, cache=cache)
     first = attn(x[:, :4], ctx)
     steps = [attn(x[:, i : i + 1], ctx) for i in (4, 5)]
+    # fp32, cached steps: 16-term sums in another order, 8 ulps (2^-23) abs, 80 relative.
     torch.testing.assert_close(torch.cat([first, *steps], 1), full, atol=1e-6, rtol=1e-5)
     kv = cache.layers[0].self_kv
     assert kv.length == 6 and kv.k.shape == (2, 2, 8, 4)
@@ -124,11 +129,13 @@ def test_memory_shared_by_groups_of_rows_equals_repeating_it(score: str) -> None
 
     shared, rec_shared = run(memory, keep)
     repeated, rec_repeated = run(memory.repeat_interleave(k, 0), keep.repeat_interleave(k, 0))
+    # The same sums in other matmul shapes: ~8 ulps (2^-23 ~ 1.2e-7) of order-1 values.
     torch.testing.assert_close(shared, repeated, atol=1e-6, rtol=1e-6)
     (a,), (r,) = rec_shared.attention, rec_repeated.attention
     assert a.weights is not None and r.weights is not None and a.scores is not None
     assert a.weights.shape == (b * k, 4, 2, 7)
-    torch.testing.assert_close(a.weights, r.weights, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(a.weights, r.weights, atol=1e-6, rtol=1e-6)  # as the outputs
+    # Scores up to ~2 from 32-wide sums in other shapes: 32 x 2^-23 x 2 ~ 8e-6 worst case.
     torch.testing.assert_close(a.scores, r.scores, atol=1e-5, rtol=1e-5)
     with torch.no_grad(), pytest.raises(ValueError, match="5 rows for 12 query rows"):
         attn(x, Context(memory=torch.randn(5, 7, 32)))

@@ -307,3 +307,16 @@ def test_int8_scales_stay_fp32_whatever_the_model_is_cast_to(lm_run: Path) -> No
     for m, s in zip(layers, scales, strict=True):
         assert m.scale.dtype == torch.float32 and torch.equal(m.scale, s)
         assert m.bias is None or m.bias.dtype == torch.bfloat16
+
+
+def test_the_activation_bits_follow_the_cpu_or_the_setting() -> None:
+    """``AIAYN_INT8_ACTIVATION_BITS``: unset, the most the CPU computes exactly; 7 anywhere;
+    8 only with VNNI, and any other value refused with one line naming it."""
+    from aiayn.nn.cpu_kernels import _activation_bits
+
+    assert _activation_bits(None, vnni=True) == 8 and _activation_bits(None, vnni=False) == 7
+    assert _activation_bits("7", vnni=True) == 7 and _activation_bits(" 8 ", vnni=True) == 8
+    with pytest.raises(ValueError, match="AIAYN_INT8_ACTIVATION_BITS='8'.*has neither"):
+        _activation_bits("8", vnni=False)
+    with pytest.raises(ValueError, match="AIAYN_INT8_ACTIVATION_BITS='6': expected 7"):
+        _activation_bits("6", vnni=True)
