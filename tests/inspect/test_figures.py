@@ -99,8 +99,9 @@ def test_position_figures(tmp_path: Path) -> None:
 def test_rope_scores_depend_on_the_offset_only() -> None:
     offsets, scores = figures.rope_scores(32, 16, starts=(0, 7, 40))
     assert offsets.tolist() == list(range(-16, 17))
+    # rotations of other angles, the same offset: fp32 rounding of sin/cos of angles up to ~40
     np.testing.assert_allclose(scores[1:], np.broadcast_to(scores[0], scores[1:].shape), atol=1e-4)
-    assert scores.std() > 0.1  # and it does change with the offset
+    assert scores.std() > 0.1  # and it does change with the offset (1000x the rounding above)
 
 
 # ----- worked examples --------------------------------------------------------------------
@@ -110,8 +111,10 @@ def test_example_trophy(tmp_path: Path) -> None:
     path, n = figures.example_trophy(tmp_path / "trophy.png")
     assert_picture(path)
     assert n["tokens"] == ["trophy", "large", "suitcase", "because"]
-    np.testing.assert_allclose(n["scores"], [5.2, 0.0, -0.2, 0.0], atol=1e-5)
-    np.testing.assert_allclose(n["weights"], [0.874, 0.043, 0.039, 0.043], atol=5e-4)
+    np.testing.assert_allclose(
+        n["scores"], [5.2, 0.0, -0.2, 0.0], atol=1e-5
+    )  # fp32 of 1-decimal dot products
+    np.testing.assert_allclose(n["weights"], [0.874, 0.043, 0.039, 0.043], atol=5e-4)  # 3 decimals
     assert n["weights_unscaled"][0] > n["weights"][0]  # no 1/sqrt(d): peakier
 
 
@@ -119,6 +122,7 @@ def test_example_not_good(tmp_path: Path) -> None:
     path, n = figures.example_not_good(tmp_path / "ng.png")
     assert_picture(path)
     assert n["scores"] == [[0.0, 1.0], [1.0, 0.0]]
+    # the figure's numbers, given to 2 decimals
     np.testing.assert_allclose(n["weights"], [[1.0, 0.0], [0.67, 0.33]], atol=0.01)
     np.testing.assert_allclose(n["output"], [[-2.0, 0.0], [-1.34, 0.66]], atol=0.01)
 
@@ -127,6 +131,8 @@ def test_example_scale_unscaled_softmax_saturates(tmp_path: Path) -> None:
     path, n = figures.example_scale(tmp_path / "scale.png")
     assert_picture(path)
     assert n["d_k"][0] == 4 and n["d_k"][-1] == 1024
+    # the claim, with margins: at d_k = 1024 the unscaled softmax is near one-hot (its entropy and
+    # gradient a fraction of the scaled one's), the scaled one stays spread
     assert n["entropy_unscaled"][-1] < 0.1 * n["entropy_scaled"][-1]
     assert n["grad_unscaled"][-1] < 0.3 * n["grad_scaled"][-1]
     assert min(n["entropy_scaled"]) > 0.5 * n["max_entropy"]  # the scale keeps it spread
@@ -136,9 +142,10 @@ def test_example_paths(tmp_path: Path) -> None:
     path, n = figures.example_paths(tmp_path / "paths.png")
     assert_picture(path)
     assert n["steps"][-1] == 50
+    # float64 products of 50 factors: 50 roundings of 2^-53 each
     assert math.isclose(n["recurrent_0.9"][-1], 0.9**50, rel_tol=1e-9)  # about 0.0052
     assert math.isclose(n["recurrent_1.1"][-1], 1.1**50, rel_tol=1e-9)  # about 117
-    assert min(n["attention"]) > 0.99  # one step, whatever the distance
+    assert min(n["attention"]) > 0.99  # one step, whatever the distance (the example's sharp keys)
 
 
 # ----- the command line -------------------------------------------------------------------
@@ -187,5 +194,5 @@ def test_attention_maps_from_checkpoints(tmp_path: Path) -> None:
 def test_example_nadaraya_watson(tmp_path: Path) -> None:
     path, numbers = figures.example_nadaraya_watson(tmp_path / "nw.png")
     assert path.stat().st_size > 20_000
-    assert numbers["max_difference_formula_vs_attention"] < 1e-9
+    assert numbers["max_difference_formula_vs_attention"] < 1e-9  # float64, two sum orders
     assert numbers["query_entropy"] == sorted(numbers["query_entropy"])  # wider = flatter

