@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,13 @@ import pytest
 import torch
 
 import aiayn
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N: N workers share the cores, each with one intra-op thread (torch's default,
+    # one per core in every worker, would have them spin against each other).
+    torch.set_num_threads(
+        max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    )
 
 # Two layers, 32 wide, 4 heads, no dropout: a model every family can be, small enough to run
 # a forward pass in milliseconds, large enough for heads, grouping and caches to matter.

