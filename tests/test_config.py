@@ -113,11 +113,14 @@ def test_initialisations() -> None:
     assert paper.config.init == "xavier"
     w = paper.encoder.blocks[0].ffn.w1.weight  # (1024, 256)
     bound = (6 / (256 + 1024)) ** 0.5  # Glorot uniform: U(-b, b), b = sqrt(6 / (fan_in + fan_out))
+    # 262144 uniform draws: the std's sampling s.d. is ~3.4e-5; 0.002 (5 % of 0.04) is loose
     assert w.abs().max() <= bound and abs(w.std().item() - bound / 3**0.5) < 0.002
     gpt = aiayn.build_model("gpt2-small", **kw)
     assert gpt.config.init == "scaled-normal"
+    # 262144 normal draws: the std's s.d. is 0.02 / sqrt(2 x 262144) ~ 2.8e-5; 0.001 is loose
     assert abs(gpt.decoder.blocks[0].ffn.w1.weight.std().item() - 0.02) < 0.001
     shrunk = 0.02 / (2 * 2) ** 0.5  # residual projections / sqrt(2N), N = 2 layers
+    # sampling s.d. ~1.4e-5; 0.001 is a tenth of the 0.01 gap to the unshrunk 0.02
     assert abs(gpt.decoder.blocks[0].ffn.w2.weight.std().item() - shrunk) < 0.001
     with pytest.raises(ValueError, match="init='he'"):
         get_preset("paper-base", init="he")
@@ -303,6 +306,7 @@ def test_flat_config_json_of_older_checkpoints_loads(tmp_path: Path) -> None:
     loaded = aiayn.load_model(tmp_path / "old").eval()
     assert loaded.config == cfg
     ids = torch.randint(0, 50, (1, 6))
+    # the same weights through the same kernels: bit for bit
     torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
 
 

@@ -26,6 +26,7 @@ def test_a_checkpoint_and_a_run_folder_load_the_same_bundle(tmp_path: Path) -> N
     for path in (tmp_path / "ckpt", tmp_path / "run", tmp_path / "run" / "checkpoint"):
         bundle = aiayn.load(path)
         assert bundle.run == {"note": "x"} and bundle.tokenizer.encode("ab") == [0, 1]
+        # the same weights through the same kernels: bit for bit
         torch.testing.assert_close(bundle.model.eval()(ids), model(ids), atol=0, rtol=0)
         assert read_model_config(path) == model.config
     assert aiayn.load(tmp_path / "run").directory == tmp_path / "run" / "checkpoint"

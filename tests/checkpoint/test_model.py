@@ -27,6 +27,7 @@ def test_save_load_identical_outputs(tmp_path: Path, preset: str) -> None:
     assert loaded.config == model.config
     ids = torch.randint(1, 64, (2, 7))
     args = (ids, ids[:, :5]) if preset == "paper-base" else (ids,)
+    # the same weights through the same kernels: bit for bit
     torch.testing.assert_close(loaded(*args), model(*args), atol=0, rtol=0)
     assert loaded.num_parameters() == model.num_parameters()  # tying survives the round trip
 

@@ -92,6 +92,7 @@ def chrf_from_stats(stats: list[tuple[int, int, int]], beta: float = 2.0) -> flo
 def test_score_equals_a_hand_computation_and_sacrebleu() -> None:
     expected = bleu_by_hand(HYPS, REFS)
     got = score(HYPS, REFS)
+    # float64 by other code (and sacrebleu's): an ulp of 32 is 7e-15; 1e-9 is loose (seen 7e-15)
     assert got.bleu == pytest.approx(expected, abs=1e-9)
     assert got.bleu == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score, abs=1e-9)
     assert "case:mixed" in got.signature and "tok:13a" in got.signature
@@ -107,11 +108,12 @@ def test_bleu_tokenizes_punctuation_as_13a_does() -> None:
     assert stats == ([20, 11, 8, 5], [26, 23, 20, 17], 26, 28)
     expected = bleu_from_stats(stats)
     got = score(PUNCT_HYPS, PUNCT_REFS)
+    # float64 by other code: an ulp of 42 is 7e-15; 1e-9 is loose (seen 7e-15)
     assert got.bleu == pytest.approx(expected, abs=1e-9), (
         f"BLEU {got.bleu} is not that of the 13a tokens, {expected}"
     )
     # The example has teeth: on whitespace-split words ("mat." against "mat!") BLEU differs.
-    assert abs(bleu_by_hand(PUNCT_HYPS, PUNCT_REFS) - expected) > 1.0
+    assert abs(bleu_by_hand(PUNCT_HYPS, PUNCT_REFS) - expected) > 1.0  # measured 1.03
 
 
 def test_lowercase_bleu_is_bleu_of_the_lowercased_13a_tokens() -> None:
@@ -120,8 +122,8 @@ def test_lowercase_bleu_is_bleu_of_the_lowercased_13a_tokens() -> None:
     stats = ngram_stats(lower_hyps, lower_refs)
     assert stats == ([21, 12, 9, 6], [26, 23, 20, 17], 26, 28)  # "the cat ..." now matches
     got = score(PUNCT_HYPS, PUNCT_REFS)
-    assert got.bleu_lowercase == pytest.approx(bleu_from_stats(stats), abs=1e-9)
-    assert got.bleu_lowercase > got.bleu + 1.0
+    assert got.bleu_lowercase == pytest.approx(bleu_from_stats(stats), abs=1e-9)  # as above
+    assert got.bleu_lowercase > got.bleu + 1.0  # measured 4.86 points higher
 
 
 def test_chrf_is_the_character_f2_score_counted_by_hand() -> None:
@@ -135,6 +137,7 @@ def test_chrf_is_the_character_f2_score_counted_by_hand() -> None:
     precision = (6 / 10 + 5 / 9 + 4 / 8 + 3 / 7 + 2 / 6 + 1 / 5) / 6
     recall = (6 / 8 + 5 / 7 + 4 / 6 + 3 / 5 + 2 / 4 + 1 / 3) / 6
     expected = 100 * 5 * precision * recall / (4 * precision + recall)  # F_beta, beta^2 = 4
+    # float64: an ulp of 55 is 7e-15 (1e-12 leaves ~140); aiayn's chrF by other code: 1e-9 as above
     assert chrf_from_stats(table) == pytest.approx(expected, abs=1e-12)
     assert score([hyp], [ref]).chrf == pytest.approx(expected, abs=1e-9)
     # A corpus: the statistics are summed over its sentences before the F-score.
@@ -171,5 +174,6 @@ def test_evaluate_prints_what_sacrebleu_gives_for_its_hypotheses(
         text=True,
         check=True,
     )
-    assert printed > 10.0  # a score worth comparing (not 0 = 0)
+    assert printed > 10.0  # a score worth comparing (not 0 = 0); measured 64.45
+    # both printed to 2 decimals: half their last place, so the printed figures must agree
     assert printed == pytest.approx(float(cli.stdout.strip()), abs=0.005)

@@ -61,4 +61,5 @@ def test_padding_and_batching_change_nothing() -> None:
     assert counts == [2] * 5 + [1] * 4
     for k in range(9):
         expected = (a[k] + b[k]) / 2 if k < 5 else a[k]
+        # fp32 gradients of a padded batch vs alone: ~80 ulps (2^-23); seen 2 % of that on CPU
         assert math.isclose(together[k], expected, rel_tol=1e-5), k

@@ -23,6 +23,7 @@ def test_attention_has_one_row_per_token_and_follows_the_controls(client):
     assert view["causal"] is True and view["model_causal"] is True
     for i, row in enumerate(view["weights"]):
         assert all(w is None for w in row[i + 1 :])  # the upper triangle is blank
+        # <= 11 weights, each rounded to 5 decimals: <= 11 x 5e-6 = 5.5e-5 off
         assert sum(row[: i + 1]) == pytest.approx(1.0, abs=1e-4)
     _, sharp = client.request("/api/attention", {**body, "temperature": 0.2})
     assert sharp["weights"] != view["weights"]
@@ -328,7 +329,7 @@ def test_an_image_model_shows_a_test_image_and_its_cls_attention(client):
     assert status == 200 and r["images"] == 360 and len(r["pixels"]) == 8
     assert r["true"] == str(int(load_split("digits").test[1][5]))
     assert len(r["cls_attention"]) == 2 and len(r["cls_attention"][0]) == 4  # layers, 4x4 patches
-    assert abs(sum(r["probs"]) - 1) < 1e-3
+    assert abs(sum(r["probs"]) - 1) < 1e-3  # 10 probs rounded to 4 decimals: <= 5e-4 off
     status, err = client.request("/api/image", {"model": "tiny-vit", "index": 360})
     assert status == 422 and "out of range" in err["error"]
     status, err = client.request("/api/attention", {"model": "tiny-vit", "text": "hello"})
@@ -382,6 +383,7 @@ def test_a_hugging_face_bert_folder_shows_its_heads(tmp_path):
     assert view["rows"][0] == "[CLS]" and view["rows"][-1] == "[SEP]"
     assert view["model_causal"] is False and view["stream"] == "encoder"
     for row in view["weights"]:
+        # weights rounded to 5 decimals (<= 5e-6 each): 1e-4 covers rows of 20
         assert all(w is not None for w in row) and sum(row) == pytest.approx(1.0, abs=1e-4)
 
 
@@ -419,4 +421,5 @@ def test_real_folders_attention_equals_transformers(tmp_path):
         labels = [text[a:b] if b > a else name for (a, b), name in zip(spans, names, strict=True)]
         assert [r.strip() for r in view["rows"]] == [x.strip() for x in labels]
         got = torch.tensor([[0.0 if w is None else w for w in row] for row in view["weights"]])
+        # rounded to 5 decimals (<= 5e-6), plus fp32 noise against transformers; CPU: 5e-6
         torch.testing.assert_close(got, want, atol=2e-5, rtol=0)

@@ -7,6 +7,9 @@ from aiayn.config import get_preset
 from aiayn.inspect.scores import recorded_scores, reweight
 from aiayn.models import build_model
 
+# fp32 summed in another order: a 64-term dot moves up to 64 x 2^-24 ~ 4e-6; CPU: <= 6e-8
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
 
 def _small(preset: str, **extra):
     torch.manual_seed(0)
@@ -25,13 +28,13 @@ def test_recorded_scores_give_back_the_models_weights(preset):
         expected_logits, expected = model.forward_with_weights(ids)
         recorded = recorded_scores(model, ids)
         logits = model(ids)
-    torch.testing.assert_close(logits, expected_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, expected_logits, **TOL)
     assert [r.layer for r in recorded] == [0, 1]
     causal = model.config.arch == "decoder"
     for r, w in zip(recorded, expected, strict=True):
         assert r.stream == ("self" if causal else "encoder") and r.causal is causal
         assert r.scores.shape == (1, 4, 9, 9)
-        torch.testing.assert_close(reweight(r.scores, causal=causal), w, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(reweight(r.scores, causal=causal), w, **TOL)
 
 
 def test_encoder_decoder_streams_in_order():
@@ -52,7 +55,7 @@ def test_encoder_decoder_streams_in_order():
     cross = [r for r in recorded if r.stream == "cross"]
     assert cross[0].scores.shape == (1, 4, 5, 7)
     for r, ref in zip(cross, w["cross"], strict=True):
-        torch.testing.assert_close(reweight(r.scores), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(reweight(r.scores), ref, **TOL)
 
 
 def test_reweight_temperature_and_mask():
@@ -78,5 +81,5 @@ def test_sliding_window_scores_reweight_to_the_layers_own_weights():
     for r, w in zip(recorded, expected, strict=True):
         assert r.window == 3
         weights = reweight(r.scores, causal=True, window=r.window)
-        torch.testing.assert_close(weights, w, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(weights, w, **TOL)
         assert torch.equal(weights[..., 5, :3], torch.zeros(1, 4, 3))  # 3 or more back: unseen

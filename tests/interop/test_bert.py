@@ -16,6 +16,7 @@ from aiayn.interop.bert import from_hf_bert, to_hf_bert
 from aiayn.models.encoder import EncoderLM
 from tests.interop.support import VOCAB, assert_same_state, bert_config, perturb, wordpiece
 
+# fp32, HF sums in other orders: a 96-term dot moves up to 96 x 2^-24 ~ 6e-6; CPU: <= 6e-7
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
@@ -149,6 +150,7 @@ def test_embed_and_fill_mask_on_an_hf_folder_equal_hf(tmp_path, capsys) -> None:
     assert main([*args, "--out", str(tmp_path / "e.jsonl")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert [r["text"] for r in rows] == texts
+    # JSON keeps 7 decimals (<= 5e-8) of unit-vector parts, plus fp32 noise; CPU: 5.2e-8
     torch.testing.assert_close(
         torch.tensor([r["embedding"] for r in rows]), want, atol=1e-6, rtol=0
     )
@@ -165,6 +167,7 @@ def test_embed_and_fill_mask_on_an_hf_folder_equal_hf(tmp_path, capsys) -> None:
     assert len(ours) == len(theirs) == 2
     for mine, ref in zip(ours, theirs, strict=True):
         assert [g["id"] for g in mine] == [r["token"] for r in ref]
+        # probabilities (<= 1) in fp32, other sum orders: TOL's atol; CPU: 0
         np.testing.assert_allclose([g["score"] for g in mine], [r["score"] for r in ref], atol=1e-5)
     with pytest.raises(ValueError, match="no mask token"):
         from aiayn.checkpoint import load

@@ -29,6 +29,7 @@ from aiayn.interop.hf import (
 from aiayn.models.decoder import DecoderLM
 from tests.interop.support import assert_same_state, perturb
 
+# fp32, HF sums in other orders: GPT-2's 256-term dots, ~sqrt(256) x 2^-24 ~ 1e-6; CPU: <= 1.2e-6
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB = 101
 

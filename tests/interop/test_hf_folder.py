@@ -15,6 +15,8 @@ from aiayn.interop.hf_folder import load_hf_folder, save_hf_folder
 from tests.interop.support import assert_same_state
 
 VOCAB = 101
+# fp32, HF sums in other orders: GPT-2's 256-term dots, ~sqrt(256) x 2^-24 ~ 1e-6; CPU: <= 2.4e-7
+TOL = {"atol": 1e-5, "rtol": 1e-5}
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64)  # fmt: skip
 
@@ -62,13 +64,13 @@ def test_load_equals_hf_and_writes_back(
     ours = load_hf_folder(tmp_path / "hf")
     ids = torch.randint(0, VOCAB, (2, 20))
     expected = logits(hf, ids, True)
-    torch.testing.assert_close(logits(ours, ids, False), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits(ours, ids, False), expected, **TOL)
     family = {"GPT2": "gpt2"}.get(kind, kind.lower())
     save_hf_folder(ours, tmp_path / "out", family, max_shard_bytes=40_000)
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # written in shards
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    torch.testing.assert_close(logits(back, ids, True), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits(back, ids, True), expected, **TOL)
     again = load_hf_folder(tmp_path / "out")  # aiayn -> HF -> aiayn is identical
     assert_same_state(again.state_dict(), ours.state_dict(), "aiayn -> HF folder -> aiayn")
 
@@ -79,6 +81,7 @@ def test_bf16_stays_bf16(tmp_path: Path) -> None:
     ours = load_hf_folder(tmp_path / "hf")
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
     ids = torch.randint(0, VOCAB, (1, 12))
+    # bf16 keeps 8 significant bits: 2^-8 ~ 4e-3 per rounding, ~5 of them; CPU: 3.9e-3
     torch.testing.assert_close(logits(ours, ids, False).float(), logits(hf, ids, True).float(),
                                atol=2e-2, rtol=2e-2)  # fmt: skip
 
@@ -157,7 +160,7 @@ def test_convert_a_folder_with_its_tokenizer_and_generate_as_hf_does(
     assert main(["convert", "--to-hf", "gpt2", "--checkpoint", str(tmp_path / "ours"),
                  "--out", str(tmp_path / "back")]) == 0  # fmt: skip
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
-    torch.testing.assert_close(logits(back, ids, True), logits(hf, ids, True), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits(back, ids, True), logits(hf, ids, True), **TOL)
     assert (tmp_path / "back" / "tokenizer.json").is_file()
 
 
@@ -175,9 +178,7 @@ def test_a_mixtral_folder_with_fused_experts_loads(tmp_path: Path) -> None:
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     ids = torch.randint(0, VOCAB, (2, 20))
     ours = load_hf_folder(folder)
-    torch.testing.assert_close(
-        logits(ours, ids, False), logits(hf, ids, True), atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(logits(ours, ids, False), logits(hf, ids, True), **TOL)
 
 
 def test_a_sentencepiece_model_alone_gives_sentencepieces_ids(tmp_path: Path) -> None:
@@ -234,9 +235,7 @@ def test_integer_buffers_do_not_set_the_dtype(tmp_path: Path) -> None:
     ours = load_hf_folder(folder)
     assert next(ours.parameters()).dtype == torch.float32
     ids = torch.randint(0, VOCAB, (2, 20))
-    torch.testing.assert_close(
-        logits(ours, ids, False), logits(hf, ids, True), atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(logits(ours, ids, False), logits(hf, ids, True), **TOL)
 
 
 def test_a_folder_of_another_family_names_the_supported_ones(tmp_path: Path) -> None:

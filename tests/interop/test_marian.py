@@ -16,6 +16,7 @@ from aiayn.interop.marian import from_hf_marian, to_hf_marian
 from aiayn.models.encoder_decoder import EncoderDecoder
 from tests.interop.support import assert_same_state, perturbed_seq2seq
 
+# fp32, HF sums in other orders: a 48-term dot moves up to 48 x 2^-24 ~ 3e-6; CPU: <= 1.2e-7
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VOCAB, PAD = 61, 60
 
@@ -97,6 +98,7 @@ def test_marian_folders_with_and_without_position_tables(tmp_path) -> None:  # t
     from aiayn.interop.marian import marian_positions
 
     hf = marian()
+    # both round a float64 table in [-1, 1] to fp32: 1e-6 is ~8 ulps (2^-23) of room; CPU: 0
     torch.testing.assert_close(
         marian_positions(40, 32),
         hf.model.encoder.embed_positions.weight.detach(),

@@ -9,6 +9,8 @@ import aiayn
 from aiayn.models import DecoderLM
 from tests.conftest import tiny_model
 
+# fp32 summed in another order: a 64-term dot moves up to 64 x 2^-24 ~ 4e-6; CPU: <= 1.8e-7
+TOL = {"atol": 1e-5, "rtol": 1e-5}
 VARIANTS = {
     "gpt2": ("gpt2-small", {}),
     "llama": ("llama-style-small", {"n_kv_heads": 2}),
@@ -48,7 +50,7 @@ def test_cached_equals_uncached(name: str) -> None:
     parts = [model(ids[:, :5], cache=cache)] + [
         model(ids[:, i : i + 1], cache=cache) for i in range(5, 12)
     ]
-    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(parts, 1), full, **TOL)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -59,26 +61,22 @@ def test_left_padding_equals_one_at_a_time(name: str) -> None:
     mask = batch != 0
     mask[0] = True
     out = model(batch, attention_mask=mask)
-    torch.testing.assert_close(out[0], model(a)[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out[1, 3:], model(b)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[0], model(a)[0], **TOL)
+    torch.testing.assert_close(out[1, 3:], model(b)[0], **TOL)
     # ... and continues correctly with a cache.
     cache = model.new_cache(2, 12)
     model(batch, attention_mask=mask, cache=cache)
     nxt = torch.tensor([[5], [9]])
     step = model(nxt, cache=cache)
-    torch.testing.assert_close(
-        step[1], model(torch.cat([b, nxt[1:]], 1))[0, -1:], atol=1e-5, rtol=1e-5
-    )
-    torch.testing.assert_close(
-        step[0], model(torch.cat([a, nxt[:1]], 1))[0, -1:], atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(step[1], model(torch.cat([b, nxt[1:]], 1))[0, -1:], **TOL)
+    torch.testing.assert_close(step[0], model(torch.cat([a, nxt[:1]], 1))[0, -1:], **TOL)
 
 
 def test_attention_weights() -> None:
     model = small("llama")
     ids = torch.randint(0, 60, (2, 6))
     logits, weights = model.forward_with_weights(ids)
-    torch.testing.assert_close(logits, model(ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, model(ids), **TOL)
     assert len(weights) == 2 and weights[0].shape == (2, 4, 6, 6)
     assert (weights[1].triu(1) == 0).all()
 

@@ -11,6 +11,9 @@ from aiayn.models import EncoderDecoder
 from aiayn.nn.masks import causal_mask
 from tests.conftest import tiny_model
 
+# fp32 summed in another order: a 64-term dot moves up to 64 x 2^-24 ~ 4e-6; CPU: <= 1.4e-6
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
 
 def small(**kw: object) -> EncoderDecoder:
     model = tiny_model("paper-base", **{"vocab_size": 50, "max_len": 64, **kw})
@@ -61,10 +64,10 @@ def test_equals_torch_nn_transformer() -> None:
             memory_key_padding_mask=~keep,
         )
     )
-    torch.testing.assert_close(ours(src, tgt), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours(src, tgt), expected, **TOL)
     ref_backend = aiayn.build_model(ours.config.replace(attention_backend="reference")).eval()
     ref_backend.load_state_dict(ours.state_dict())
-    torch.testing.assert_close(ref_backend(src, tgt), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref_backend(src, tgt), expected, **TOL)
 
 
 def test_weight_tying_three_ways() -> None:
@@ -90,7 +93,7 @@ def test_source_padding_leaks_nothing() -> None:
     torch.testing.assert_close(model(noisy, tgt, src_mask=keep), base)
     # And a batch row's result does not depend on how much padding the batch needs.
     alone = model(src[:1, :5], tgt[:1])
-    torch.testing.assert_close(alone, base[:1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(alone, base[:1], **TOL)
 
 
 def test_decoder_is_causal() -> None:
@@ -113,14 +116,14 @@ def test_cached_decoding_equals_full_pass() -> None:
         cache = model.new_cache(2, 6)
         steps = [model.decode(tgt[:, :2], memory, keep, cache=cache)]
         steps += [model.decode(tgt[:, i : i + 1], None, cache=cache) for i in range(2, 6)]
-        torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
 
 
 def test_attention_weights_shapes() -> None:
     model = small()
     src, tgt = torch.randint(1, 50, (2, 7)), torch.randint(1, 50, (2, 5))
     logits, w = model.forward_with_weights(src, tgt)
-    torch.testing.assert_close(logits, model(src, tgt), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, model(src, tgt), **TOL)
     assert [x.shape for x in w["encoder"]] == [(2, 4, 7, 7)] * 2
     assert [x.shape for x in w["decoder"]] == [(2, 4, 5, 5)] * 2
     assert [x.shape for x in w["cross"]] == [(2, 4, 5, 7)] * 2

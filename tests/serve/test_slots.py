@@ -12,6 +12,8 @@ from aiayn.models import DecoderLM
 from aiayn.serve.slots import SlotPool
 
 SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=50, max_len=48, dropout=0.0)
+# fp32 summed in another order: a 64-term dot moves up to 64 x 2^-24 ~ 4e-6; CPU: <= 1.8e-7
+TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
 def lm(**kw: object) -> DecoderLM:
@@ -38,7 +40,7 @@ def test_rows_of_different_lengths_decode_as_each_alone(positional: str) -> None
     got = [m(nxt[:, i : i + 1], cache=pool.batch_cache(3))[:, -1] for i in range(4)]
     for row, p in enumerate(prompts):
         alone = m(torch.cat([p, nxt[row]])[None])[0, len(p) :]  # (4, V) one full pass
-        torch.testing.assert_close(torch.stack([s[row] for s in got]), alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.stack([s[row] for s in got]), alone, **TOL)
     assert pool.lengths.tolist() == [9, 5, 16, 0]
 
 
@@ -82,7 +84,7 @@ def test_rows_of_one_length_take_the_unmasked_path_and_agree() -> None:
     assert cache.even
     step = torch.tensor([[7], [9]])
     torch.testing.assert_close(
-        m(step, cache=cache)[:, -1], m(torch.cat([prompts, step], 1))[:, -1], atol=1e-5, rtol=1e-5
+        m(step, cache=cache)[:, -1], m(torch.cat([prompts, step], 1))[:, -1], **TOL
     )
 
 
@@ -150,4 +152,4 @@ def test_ragged_rows_read_only_their_own_keys_and_agree(
     assert read == [31, 3, 18, 10] * 2  # per layer: each row up to its own length
     for row, p in enumerate(prompts):
         alone = m(torch.cat([p, step[row]])[None])[0, -1]
-        torch.testing.assert_close(got[row], alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[row], alone, **TOL)
