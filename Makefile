@@ -39,4 +39,4 @@ docs: setup-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test: setup-browser lint docs
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --durations=25
