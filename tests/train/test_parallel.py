@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from aiayn.checkpoint import RunDir
+from aiayn.cli import main
 from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from tests.conftest import LM_TEXT, LM_TOML, free_port
@@ -47,6 +48,11 @@ def torchrun(
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def here(root: Path, cfg: Path, out: str, *extra: str) -> int:
+    """``aiayn train`` as one process: this one (torchrun's single process is the same run)."""
+    return main(["train", str(cfg), "--out", str(root / out), "--data", str(root), *extra])
+
+
 def losses(root: Path, out: str) -> list[float]:
     rows = (root / out / "log.csv").read_text().splitlines()[1:]
     return [float(r.split(",")[1]) for r in rows]
@@ -57,7 +63,7 @@ def shard_files(folder: Path) -> list[str]:
 
 
 def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path, Path]) -> None:
-    """Four steps on 2 FSDP processes equal four on one process (with twice the gradient
+    """Four steps on 2 FSDP processes (torchrun) equal four on one process (with twice the gradient
     accumulation).  The FSDP run's checkpoint is sharded (each rank writes its own file);
     the single process's is full.  Then each is resumed on the other count to step 8 -- the
     sharded one by one process that writes shards of its own, the full one by two FSDP
@@ -65,8 +71,8 @@ def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path
     their final weights, read back from shards by one process."""
     root, cfg = setup
     common = ["--set", "model.dropout=0.0", "train.threads=1"]
-    one = torchrun(1, root, cfg, "one", *common, "train.grad_accum=2", "train.max_steps=4")
-    assert one.returncode == 0, one.stderr[-3000:]
+    one = ["train.grad_accum=2", "train.max_steps=4"]
+    assert here(root, cfg, "one", *common, *one) == 0
     two = torchrun(2, root, cfg, "fsdp", *common, "train.parallel=fsdp", "train.grad_accum=1",
                    "train.max_steps=4")  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
@@ -80,9 +86,8 @@ def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path
     assert "dcp/__1_0.distcp" in manifest and "dcp/.metadata" in manifest
     assert (RunDir(root / "one").latest() / "model.safetensors").is_file()  # type: ignore[operator]
 
-    more_fsdp = torchrun(1, root, cfg, "fsdp", *common, "train.grad_accum=2", "train.max_steps=8",
-                         "train.checkpoint_format=sharded", "--resume")  # fmt: skip
-    assert more_fsdp.returncode == 0, more_fsdp.stderr[-3000:]
+    more = ["train.grad_accum=2", "train.max_steps=8", "train.checkpoint_format=sharded"]
+    assert here(root, cfg, "fsdp", *common, *more, "--resume") == 0
     more_one = torchrun(2, root, cfg, "one", *common, "train.parallel=fsdp", "train.grad_accum=1",
                         "train.max_steps=8", "--resume")  # fmt: skip
     assert more_one.returncode == 0, more_one.stderr[-3000:]
