@@ -130,24 +130,15 @@ def test_two_torchrun_processes_match_one_process(
         "train.max_steps=4",
         "train.keep_snapshots=0",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = [
-        sys.executable,
-        "-m",
-        "aiayn",
-        "train",
-        str(cfg),
-        "--out",
-        str(tmp_path / "one"),
-        *common,
-        "train.grad_accum=2",
-    ]
+    # one process: this one (as `aiayn train`); two: torchrun's, each on one thread
+    one = ["train", str(cfg), "--out", str(tmp_path / "one"), *common, "train.threads=1"]
+    assert main([*one, "train.grad_accum=2"]) == 0
     two = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         "-m", "aiayn", "train", str(cfg), "--out", str(tmp_path / "two"), *common, "train.grad_accum=1",
     ]  # fmt: skip
-    for cmd in (one, two):
-        subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(two, check=True, env=env, capture_output=True, timeout=300)
 
     def losses(run: str) -> list[float]:
         rows = (tmp_path / run / "log.csv").read_text().splitlines()[1:]
