@@ -10,7 +10,6 @@ from aiayn.cli.common import _add_device, _add_precision
 from aiayn.config import presets
 from aiayn.interop.generation_config import generation_of
 
-
 KEY_VAR = "AIAYN_API_KEY"
 
 
