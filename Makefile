@@ -10,14 +10,12 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# --no-compile: Python compiles a module when it is first imported; compiling all of torch at
-# install time doubled its install (41 s -> 20 s without).
 setup: $(BIN)/python
-	$(BIN)/pip install -q --no-compile -r requirements.txt
+	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
 
 setup-dev: $(BIN)/python
-	$(BIN)/pip install -q --no-compile -r requirements-dev.txt
+	$(BIN)/pip install -q -r requirements-dev.txt
 	$(BIN)/pip install -q --no-deps -e .
 
 # Debian's Chromium for the explorer's end-to-end test (tests/explore/test_browser.py skips
