@@ -15,7 +15,8 @@ temporary folder, every rank writes its shard into it, rank 0 adds the rest and 
 (which covers the shards) and renames it into place.
 
 Generation, evaluation and the explorer load a sharded checkpoint like a full one
-(:func:`load_model_weights`, one process, no process group).
+(:func:`load_model_weights`, one process, no process group).  DCP's pickled files are read
+through aiayn/checkpoint/dcp_safe.py, which runs nothing a folder from elsewhere names.
 """
 
 from __future__ import annotations
@@ -74,13 +75,10 @@ def save_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
 def check_shards_present(folder: Path) -> None:
     """Raise OSError unless every shard file DCP's metadata names is in ``folder/dcp`` -- on
     machines that do not share the run folder, another node's shard would be missing."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from aiayn.checkpoint.dcp_safe import read_metadata
 
     shards = folder / SHARDED_DIR
-    names = {
-        item.relative_path
-        for item in FileSystemReader(shards).read_metadata().storage_data.values()
-    }
+    names = {item.relative_path for item in read_metadata(shards).storage_data.values()}
     missing = sorted(n for n in names if not (shards / n).is_file())
     if missing:
         raise OSError(
@@ -92,9 +90,12 @@ def check_shards_present(folder: Path) -> None:
 def _load(folder: Path, state: dict[str, Any], *, no_dist: bool) -> None:
     import torch.distributed.checkpoint as dcp
 
+    from aiayn.checkpoint.dcp_safe import MetadataReader, Planner
+
     try:
         with _quiet_single_process():
-            dcp.load(state, checkpoint_id=folder / SHARDED_DIR, no_dist=no_dist)
+            reader = MetadataReader(folder / SHARDED_DIR)
+            dcp.load(state, storage_reader=reader, planner=Planner(), no_dist=no_dist)
     except dcp.CheckpointException as err:  # a BaseException, each rank's error and traceback
         reasons = "; ".join(f"{type(e).__name__}: {e}" for e, _ in err.failures.values())
         raise ValueError(

@@ -1,0 +1,107 @@
+"""Reading torch.distributed.checkpoint's files without running what they name.
+
+DCP writes its ``.metadata`` with :mod:`pickle`, and reads it back with ``pickle.load``;
+non-tensor values (an optimizer's hyperparameters) it reads with ``torch.load(...,
+weights_only=False)``.  Unpickling calls whatever a file names, so a folder from elsewhere with
+a crafted ``dcp/.metadata`` would run its code the moment aiayn opened it.  Here both are read
+the safe way:
+
+* :class:`MetadataReader` unpickles ``.metadata`` through :class:`_MetadataUnpickler`, which
+  admits only the classes DCP's metadata is made of (its dataclasses, ``torch.Size``, dtypes,
+  the layout and memory-format encodings, paths) and refuses anything else before it runs;
+* :class:`Planner` reads non-tensor values with ``torch.load(weights_only=True)``: numbers,
+  strings and containers of them, never an object.
+
+Pass both to ``dcp.load`` (:func:`aiayn.checkpoint.sharded.load_sharded` does).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+METADATA_FILE = ".metadata"
+
+# (module, name) of every class a DCP .metadata file is made of (torch 2.5 to 2.13).
+_ALLOWED = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a layout by its name
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles only what DCP's metadata holds: any other global a file names -- a function to
+    call, a class from elsewhere -- is refused before it is looked up, let alone called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) in _ALLOWED or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"{module}.{name} is not part of a DCP checkpoint's metadata: refused, not run"
+        )
+
+
+def read_metadata(folder: Path) -> Metadata:
+    """``folder``'s DCP metadata (``folder/.metadata``), unpickled safely.  Raises ValueError
+    naming the file when it holds anything else."""
+    path = folder / METADATA_FILE
+    try:
+        with open(path, "rb") as fh:
+            metadata = _MetadataUnpickler(fh).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as err:
+        raise ValueError(f"{path} is not DCP metadata: {err}") from err
+    if not isinstance(metadata, Metadata):
+        raise ValueError(f"{path} is not DCP metadata: it holds a {type(metadata).__name__}")
+    return metadata
+
+
+class MetadataReader(FileSystemReader):
+    """DCP's file-system reader, with ``.metadata`` read by :func:`read_metadata`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise ValueError("per-rank DCP metadata files are not read: aiayn writes one")
+        metadata = read_metadata(Path(self.path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
+        return metadata
+
+
+class Planner(DefaultLoadPlanner):
+    """DCP's load planner, with non-tensor values read as weights only (no objects)."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
