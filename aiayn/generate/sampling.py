@@ -20,6 +20,9 @@ import torch
 from torch import Tensor
 
 
+_FP32_TINY = torch.finfo(torch.float32).tiny
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """``temperature=0`` means greedy decoding; the filters then make no difference."""
@@ -41,7 +44,10 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperature 0, or one too small for fp32 to hold (below its smallest normal number,
+        1.2e-38: dividing by it gives 0/0 at the argmax), whose distribution is the argmax's
+        anyway."""
+        return self.temperature < _FP32_TINY
 
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:

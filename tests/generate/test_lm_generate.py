@@ -84,7 +84,7 @@ def test_temperature_scales_the_softmax_and_a_tiny_one_is_greedy() -> None:
     p = next_token_distribution(logits, SamplingConfig(temperature=2.0))
     torch.testing.assert_close(p, torch.softmax(logits / 2.0, -1))  # softmax(l / T)
     # l / T overflows to inf for a tiny T, and softmax(inf, ...) is NaN; the limit is greedy.
-    for t in (1e-45, 1e-30):
+    for t in (1e-300, 1e-46, 1e-45, 1e-38, 1e-30):  # 1e-46 and below are 0 in fp32: 0/0
         p = next_token_distribution(logits, SamplingConfig(temperature=t))
         assert p.tolist() == [[0.0, 1.0, 0.0, 0.0]]
         assert choose_next(logits, SamplingConfig(temperature=t)).item() == 1
