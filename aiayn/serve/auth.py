@@ -1,9 +1,11 @@
 """``aiayn serve --api-key``: bearer tokens, as OpenAI's clients send them.
 
-With a key set, every ``/v1/...`` request must carry ``Authorization: Bearer KEY``; one
-without it, or with another key, is a 401 in OpenAI's error shape.  ``/health`` and
-``/metrics`` stay open: load balancers and Prometheus probe them without credentials.  Keys
-are compared in constant time.
+With a key set, every request must carry ``Authorization: Bearer KEY``; one without it, or
+with another key, is a 401 in OpenAI's error shape.  Only ``/health`` and ``/metrics``, by
+their exact paths, stay open: load balancers and Prometheus probe them without credentials.
+Everything else is closed, so a path spelled another way (``//v1/models``,
+``/v1/../v1/models``, ``/v1%2Fmodels``, a trailing slash) or the OpenAPI schema never slips
+past the check.  Keys are compared in constant time.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ from starlette.responses import Response
 from aiayn.serve.errors import error_response
 
 
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
 def require_api_key(app: FastAPI, key: str) -> None:
-    """Refuse ``/v1/...`` requests that do not carry ``key`` as their bearer token."""
+    """Refuse every request but the probes' (:data:`OPEN_PATHS`) that does not carry ``key``
+    as its bearer token."""
     if not key:
         raise ValueError("api_key is empty: give a non-empty key, or none to serve openly")
     expected = f"Bearer {key}".encode()
@@ -27,7 +33,7 @@ def require_api_key(app: FastAPI, key: str) -> None:
     async def check(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if request.url.path.startswith("/v1/"):
+        if request.scope["path"] not in OPEN_PATHS:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 message = (

@@ -121,13 +121,19 @@ def test_models_are_listed(chat_url: str) -> None:
         client.models.retrieve("gpt-4")
 
 
-def test_the_api_key_is_required_on_v1_only(chat_url: str) -> None:
+def test_the_api_key_is_required_everywhere_but_the_probes(chat_url: str) -> None:
+    """Every path but /health and /metrics, however it is spelled, and the OpenAPI schema."""
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{chat_url}/v1", api_key="wrong").models.list()
     r = httpx.get(f"{chat_url}/v1/models")
     assert r.status_code == 401
     assert r.json()["error"]["message"].startswith("missing API key")
+    spellings = ("//v1/models", "/v1/../v1/models", "/v1%2Fmodels", "/v1/models/")
+    for path in (*spellings, "/openapi.json", "/docs", "/nowhere"):
+        raw = httpx.Request("GET", chat_url).url.copy_with(raw_path=path.encode())
+        assert httpx.get(raw).status_code == 401, path
     assert httpx.get(f"{chat_url}/health").status_code == 200  # probes need no key
+    assert httpx.get(f"{chat_url}/metrics").status_code == 200
 
 
 def test_chat_errors_are_named(chat_url: str, tmp_path: Path) -> None:
