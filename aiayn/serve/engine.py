@@ -24,6 +24,7 @@ HTTP layer (aiayn/serve/app.py) turns them into server-sent events.  A request t
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import threading
 import time
@@ -96,14 +97,39 @@ class Request:
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
     """How many trailing characters of ``text`` could be the start of a stop string: they are
-    not sent until the next tokens show whether the stop string completes."""
+    not sent until the next tokens show whether the stop string completes.  O(len(stop)) per
+    stop string and call, whatever the length of ``text``."""
     keep = 0
     for s in stops:
-        for n in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:n]):
-                keep = max(keep, n)
-                break
+        if len(s) > 1 and text:
+            keep = max(keep, _prefix_at_end(s, text[-(len(s) - 1) :]))
     return keep
+
+
+def _prefix_at_end(s: str, tail: str) -> int:
+    """The length of the longest prefix of ``s`` that ``tail`` (shorter than ``s``) ends with:
+    Knuth-Morris-Pratt's automaton for ``s`` run over ``tail``."""
+    fail, k = _failure(s), 0
+    for ch in tail:
+        while k and s[k] != ch:
+            k = fail[k - 1]
+        if s[k] == ch:
+            k += 1
+    return k
+
+
+@functools.lru_cache(maxsize=64)
+def _failure(s: str) -> tuple[int, ...]:
+    """KMP's failure function: for each i, the length of the longest proper prefix of
+    ``s[: i + 1]`` that is also its suffix.  Made once per stop string."""
+    fail, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return tuple(fail)
 
 
 def incremental_text(r: Request, decode: Callable[[list[int]], str]) -> str:

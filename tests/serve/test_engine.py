@@ -3,6 +3,7 @@ stop strings, cancellation, failures and limits behave."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -528,3 +529,25 @@ def test_incremental_text_equals_decoding_everything_at_every_token(kind: str) -
             assert incremental_text(r, decode) == tok.decode(r.tokens)
         assert r.decoded_upto > len(ids) - 4  # it kept up ...
         assert max(lengths) < 8  # ... decoding a few tokens per step, not the whole text
+
+
+def test_the_held_back_tail_is_the_longest_stop_prefix_the_text_ends_with() -> None:
+    """Against the definition, by brute force, on random texts and stop strings over two
+    letters (where prefixes overlap most: the failure function's hard cases), and on a stop
+    string longer than the text."""
+    from aiayn.serve.engine import _held_back
+
+    def brute(text: str, stops: list[str]) -> int:
+        longest = 0
+        for s in stops:
+            for n in range(1, min(len(s) - 1, len(text)) + 1):
+                if text.endswith(s[:n]):
+                    longest = max(longest, n)
+        return longest
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choices("ab", k=rng.randint(0, 12)))
+        stops = ["".join(rng.choices("ab", k=rng.randint(1, 8))) for _ in range(rng.randint(1, 3))]
+        assert _held_back(text, stops) == brute(text, stops), (text, stops)
+    assert _held_back("xyab", ["abab" * 10_000]) == 2
