@@ -73,7 +73,8 @@ def _mark_verified(path: Path, remote: Remote) -> None:
 
 def _copy_response(remote: Remote, partial: Path, timeout: float, log: Log) -> None:
     """Append the rest of ``remote`` to ``partial`` (from its current size, by a Range
-    request; from the start if the server ignores the range)."""
+    request; from the start if the server ignores the range), never more than one byte past
+    its declared size."""
     start = partial.stat().st_size if partial.exists() else 0
     request = urllib.request.Request(
         remote.url, headers={"Range": f"bytes={start}-"} if start else {}
@@ -94,8 +95,10 @@ def _copy_response(remote: Remote, partial: Path, timeout: float, log: Log) -> N
         total = remote.size or sent or 0
         step = max(total // 20, 1)
         shown = done // step
+        # A byte past the declared size is enough to know the file is wrong: read no further.
+        limit = remote.size + 1 if remote.size is not None else None
         with open(partial, "ab" if resumed else "wb") as out:
-            while block := response.read(BLOCK):
+            while block := response.read(BLOCK if limit is None else min(BLOCK, limit - done)):
                 out.write(block)
                 done += len(block)
                 if total and done // step > shown:
@@ -103,7 +106,8 @@ def _copy_response(remote: Remote, partial: Path, timeout: float, log: Log) -> N
                     log(f"{remote.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB")
             out.flush()
             os.fsync(out.fileno())
-    if sent is not None and done < sent:  # the connection closed early, without an error
+    over = limit is not None and done >= limit  # more than declared: the size check says so
+    if sent is not None and done < sent and not over:  # closed early, without an error
         raise ConnectionError(f"the connection closed after {done:,} of {sent:,} bytes")
 
 

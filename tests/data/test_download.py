@@ -111,6 +111,9 @@ def test_a_wrong_checksum_or_size_deletes_the_download(server: str, tmp_path: Pa
     good = remote(server, "f.gz", b"hello multi30k")
     with pytest.raises(ValueError, match="checksum mismatch for .*f.gz"):
         fetch(Remote(good.url, "0" * 64), tmp_path, log=lambda _: None)
+    big = remote(server, "big.gz", b"x" * 1_000_000)  # declared 10 bytes: one more is read
+    with pytest.raises(ValueError, match="11 bytes arrived, expected 10"):
+        fetch(Remote(big.url, big.sha256, 10), tmp_path, log=lambda _: None)
     with pytest.raises(ValueError, match="14 bytes arrived, expected 99"):
         fetch(Remote(good.url, good.sha256, 99), tmp_path, log=lambda _: None)
     assert list(tmp_path.iterdir()) == []
