@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.atomic import sha256_file
+from aiayn.atomic import fsync_path, sha256_file
 
 Log = Callable[[str], None]
 BLOCK = 1 << 20
@@ -195,7 +195,7 @@ def _extract_members(archive: Path, members: Sequence[str], dest: Sequence[Path]
                 tmp = wanted[info.name].with_name(f".{wanted[info.name].name}.part")
                 with src, open(tmp, "wb") as out:
                     shutil.copyfileobj(src, out, BLOCK)
-                os.replace(tmp, wanted[info.name])
+                _replace_durably(tmp, wanted[info.name])
                 found.add(info.name)
     missing = set(members) - found
     if missing:
@@ -212,8 +212,17 @@ def _join(parts: Sequence[Path], dest: Path) -> int:
                 for line in src:
                     out.write(line if line.endswith(b"\n") else line + b"\n")
                     lines += 1
-    os.replace(tmp, dest)
+    _replace_durably(tmp, dest)
     return lines
+
+
+def _replace_durably(tmp: Path, dest: Path) -> None:
+    """Give ``tmp``'s finished contents the name ``dest``: its data reaches the disk before
+    the rename, and the rename before this returns, so a power cut leaves the old file or the
+    whole new one."""
+    fsync_path(tmp)
+    os.replace(tmp, dest)
+    fsync_path(dest.parent)
 
 
 def _count_lines(path: Path) -> int:

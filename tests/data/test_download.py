@@ -166,3 +166,20 @@ def test_the_wmt14_recipe_joins_the_corpora_and_the_test_sets(server: str, tmp_p
     with pytest.raises(ValueError, match="bad.tgz: 2 English lines but 1 German"):
         prepare_wmt14_en_de(tmp_path / "o2", cache=cache, corpora=[bad], eval_files=eval_files,
                             log=lambda _: None)  # fmt: skip
+
+
+def test_joined_and_extracted_files_reach_the_disk_before_their_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each finished file is fsynced, then renamed, then its folder fsynced (a power cut leaves
+    the old file or the whole new one)."""
+    from aiayn.data import download
+
+    synced: list[str] = []
+    monkeypatch.setattr(download, "fsync_path", lambda p: synced.append(Path(p).name))
+    (tmp_path / "a.txt").write_text("one\ntwo")
+    assert download._join([tmp_path / "a.txt"], tmp_path / "joined.txt") == 2
+    archive = tmp_path / "c.tgz"
+    archive.write_bytes(tgz({"m/x.de": b"eins\n"}))
+    download._extract_members(archive, ["m/x.de"], [tmp_path / "x.de"])
+    assert synced == [".joined.txt.part", tmp_path.name, ".x.de.part", tmp_path.name]
