@@ -43,7 +43,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=_api_key(args.api_key),
     )
     run_server(
-        app, host=args.host, port=args.port, log_level=args.log_level, label=str(bundle.directory)
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        label=str(bundle.directory),
+        allowed_hosts=args.allowed_host,
     )
     return 0
 
@@ -72,8 +77,20 @@ def cmd_explore(args: argparse.Namespace) -> int:
         port=args.port,
         max_chars=args.max_chars,
         max_body=args.max_body,
+        allowed_hosts=args.allowed_host,
     )
     return 0
+
+
+def _add_allowed_host(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="answer requests whose Host header is NAME (repeatable); bound to a loopback"
+        " address the server answers only localhost names and these (DNS rebinding)",
+    )
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +115,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help=f"offer an untrained preset (repeatable): {', '.join(presets())}",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    _add_allowed_host(p)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-chars", type=int, default=400, help="longest text a request may send")
     p.add_argument(
@@ -113,6 +131,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    _add_allowed_host(p)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", default=None, help="the model name in responses (default: run folder)")
     p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (KV rows)")

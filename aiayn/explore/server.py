@@ -22,6 +22,8 @@ unexpected is a 500 with ``{"error": ...}`` too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
@@ -29,6 +31,8 @@ from aiayn.explore.body_limit import BodyLimit
 from aiayn.explore.errors import install_error_handlers
 from aiayn.explore.registry import Registry
 from aiayn.explore.routes import lessons, page, views
+from aiayn.serve.hosts import allowed_hosts as hosts_for
+from aiayn.serve.hosts import check_hosts
 
 DEFAULT_MAX_CHARS = 400
 DEFAULT_MAX_BODY = 64 * 1024  # bytes of a request body
@@ -56,9 +60,12 @@ def serve(
     port: int = 8000,
     max_chars: int = DEFAULT_MAX_CHARS,
     max_body: int = DEFAULT_MAX_BODY,
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
-    """Run the explorer until interrupted."""
+    """Run the explorer until interrupted, answering the ``Host`` names of
+    :func:`aiayn.serve.hosts.allowed_hosts` (the loopback names, and ``allowed_hosts``)."""
     import uvicorn
 
     app = create_app(registry, max_chars=max_chars, max_body=max_body)
+    check_hosts(app, hosts_for(host, allowed_hosts))
     uvicorn.run(app, host=host, port=port, log_level="info")

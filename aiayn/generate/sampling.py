@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
 _FP32_TINY = torch.finfo(torch.float32).tiny
 
 

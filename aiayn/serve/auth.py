@@ -18,7 +18,6 @@ from starlette.responses import Response
 
 from aiayn.serve.errors import error_response
 
-
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 

@@ -7,17 +7,31 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 
 import uvicorn
 from fastapi import FastAPI
 
 from aiayn.serve.engine import Engine
+from aiayn.serve.hosts import allowed_hosts as hosts_for
+from aiayn.serve.hosts import check_hosts
 
 
-def run_server(app: FastAPI, *, host: str, port: int, log_level: str, label: str) -> None:
+def run_server(
+    app: FastAPI,
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    label: str,
+    allowed_hosts: Sequence[str] = (),
+) -> None:
     """Serve ``app`` (made by ``create_app(..., start_engine=False)``) on ``host``:``port``
     until Ctrl-C or SIGTERM, running its engine in this thread; ``label`` names what is served
-    in the line printed once the port is open.  An ``OSError`` if the port cannot be served."""
+    in the line printed once the port is open.  It answers the ``Host`` names of
+    :func:`aiayn.serve.hosts.allowed_hosts` (``allowed_hosts`` added).  An ``OSError`` if the
+    port cannot be served."""
+    check_hosts(app, hosts_for(host, allowed_hosts))
     # On shutdown the engine stops first and every open stream hears an error event and ends,
     # so uvicorn's graceful shutdown (which also runs the app's lifespan to its end) is quick;
     # the timeout bounds it should a client hold its connection open.  A forced exit instead
