@@ -1,8 +1,8 @@
 """Reading torch.distributed.checkpoint's files without running what they name.
 
 DCP writes its ``.metadata`` with :mod:`pickle`, and reads it back with ``pickle.load``;
-non-tensor values (an optimizer's hyperparameters) it reads with ``torch.load(...,
-weights_only=False)``.  Unpickling calls whatever a file names, so a folder from elsewhere with
+non-tensor values (an optimizer's hyperparameters) it reads with a full ``torch.load``, objects
+and all.  Unpickling calls whatever a file names, so a folder from elsewhere with
 a crafted ``dcp/.metadata`` would run its code the moment aiayn opened it.  Here both are read
 the safe way:
 

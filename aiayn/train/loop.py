@@ -461,9 +461,36 @@ def train_run(
             " do not train; train (or fine-tune) the fp32 model, then aiayn convert --quantize"
         )
     with _threads(run.train.threads):
-        return _open_and_fit(
-            run, out_dir, resume, overwrite, build, make_task, model_type, stop_after, progress
+        rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
+        state: TrainState | None = None
+        if resumed is not None:
+            model, tokenizer, state = resumed
+            if not isinstance(model, model_type):
+                raise ValueError(
+                    f"{rd.latest()} holds a {type(model).__name__}; this run trains a"
+                    f" {model_type.__name__}"
+                )
+            _check_same_model(run.model, model.config, rd.root)
+        else:
+            torch.manual_seed(run.train.seed)
+            model, tokenizer = build()
+            if not isinstance(model, model_type):
+                raise ValueError(
+                    f"arch={model.config.arch!r} builds a {type(model).__name__}; this task"
+                    f" trains a {model_type.__name__}"
+                )
+        task = make_task(model, tokenizer)
+        result = fit(
+            model,
+            task,
+            run,
+            rd,
+            tokenizer=tokenizer,
+            state=state,
+            stop_after=stop_after,
+            progress=progress,
         )
+        return result, task
 
 
 @contextmanager
@@ -477,47 +504,3 @@ def _threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _open_and_fit(
-    run: RunConfig,
-    out_dir: str | Path,
-    resume: bool,
-    overwrite: bool,
-    build: Callable[[], tuple[TransformerModel, Tokenizer]],
-    make_task: Callable[[TransformerModel, Tokenizer], Task],
-    model_type: type[TransformerModel],
-    stop_after: int | None,
-    progress: bool,
-) -> tuple[FitResult, Task]:
-    """Open (or resume) the run, build the model and tokenizer if new, make the task, fit."""
-    rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
-    state: TrainState | None = None
-    if resumed is not None:
-        model, tokenizer, state = resumed
-        if not isinstance(model, model_type):
-            raise ValueError(
-                f"{rd.latest()} holds a {type(model).__name__}; this run trains a"
-                f" {model_type.__name__}"
-            )
-        _check_same_model(run.model, model.config, rd.root)
-    else:
-        torch.manual_seed(run.train.seed)
-        model, tokenizer = build()
-        if not isinstance(model, model_type):
-            raise ValueError(
-                f"arch={model.config.arch!r} builds a {type(model).__name__}; this task"
-                f" trains a {model_type.__name__}"
-            )
-    task = make_task(model, tokenizer)
-    result = fit(
-        model,
-        task,
-        run,
-        rd,
-        tokenizer=tokenizer,
-        state=state,
-        stop_after=stop_after,
-        progress=progress,
-    )
-    return result, task
