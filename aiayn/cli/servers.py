@@ -9,6 +9,7 @@ import sys
 from aiayn.cli.common import _add_device, _add_precision
 from aiayn.config import presets
 from aiayn.interop.generation_config import generation_of
+from aiayn.serve.limits import DEFAULT_MAX_BODY, MAX_STOP_CHARS
 
 KEY_VAR = "AIAYN_API_KEY"
 
@@ -41,6 +42,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         generation=generation_of(bundle.run),
         pooling=read_pooling(args.checkpoint),
         api_key=_api_key(args.api_key),
+        max_body=args.max_body,
+        max_stop_chars=args.max_stop_chars,
     )
     run_server(
         app,
@@ -143,6 +146,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: context - 1")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: context")
+    p.add_argument(
+        "--max-body",
+        type=int,
+        default=DEFAULT_MAX_BODY,
+        help=f"largest request body in bytes, refused with 413 before it is read"
+        f" (default: {DEFAULT_MAX_BODY})",
+    )
+    p.add_argument(
+        "--max-stop-chars",
+        type=int,
+        default=MAX_STOP_CHARS,
+        help=f"longest stop string a request may give (default: {MAX_STOP_CHARS})",
+    )
     p.add_argument(
         "--prefill-chunk", type=int, default=128, help="prompt tokens per step (chunked prefill)"
     )

@@ -4,6 +4,6 @@
 * :mod:`aiayn.explore.analysis` -- attention, next-token and translation views of a model;
 * :mod:`aiayn.explore.server` -- the FastAPI app and its page (``static/``, drawn with Plotly).
 * :mod:`aiayn.explore.routes` -- its routers: the page, the views of a model, the lessons;
-* :mod:`aiayn.explore.requests`, :mod:`aiayn.explore.errors`, :mod:`aiayn.explore.body_limit`
-  -- the bodies the endpoints take, the errors they give, the 413 for a body too large.
+* :mod:`aiayn.explore.requests`, :mod:`aiayn.explore.errors` -- the bodies the endpoints
+  take and the errors they give (a body too large is refused by aiayn/serve/body_limit.py).
 """

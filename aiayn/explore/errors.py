@@ -11,6 +11,8 @@ from starlette.exceptions import HTTPException
 from aiayn.explore import analysis
 from aiayn.explore.registry import PathNotAllowed, UnknownModel
 
+INTERNAL_ERROR = "internal error: the server's log has the details"
+
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
@@ -51,7 +53,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, err: Exception) -> JSONResponse:
-        return error(500, f"internal error: {type(err).__name__}: {err}")
+        # The client learns that it failed, not why: exception text can carry paths and
+        # internals.  Starlette raises the error on after this answer, so the log has its
+        # traceback.
+        return error(500, INTERNAL_ERROR)
 
     @app.exception_handler(PathNotAllowed)
     async def path_like(_: Request, err: PathNotAllowed) -> JSONResponse:

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from aiayn.explore.body_limit import BodyLimit
-from aiayn.explore.errors import install_error_handlers
+from aiayn.explore.errors import error, install_error_handlers
 from aiayn.explore.registry import Registry
 from aiayn.explore.routes import lessons, page, views
+from aiayn.serve.body_limit import limit_body
 from aiayn.serve.hosts import allowed_hosts as hosts_for
 from aiayn.serve.hosts import check_hosts
 
@@ -44,7 +44,7 @@ def create_app(
     """The explorer app over ``registry``; texts longer than ``max_chars`` and bodies larger
     than ``max_body`` bytes get a 413."""
     app = FastAPI(title="aiayn explorer", docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, max_bytes=max_body)
+    limit_body(app, max_body, error)
     install_error_handlers(app)
     app.include_router(page.router())
     app.mount("/static", StaticFiles(directory=page.STATIC), name="static")

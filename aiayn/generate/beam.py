@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aiayn.generate.cancel import CancelToken, check
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.nn.cpu_kernels import for_decoding
 
@@ -92,15 +93,23 @@ def greedy_decode(
     eos: int,
     max_extra: int = 50,
     never: Sequence[int] = (),
+    cancel: CancelToken | None = None,
 ) -> list[list[int]]:
-    """Most likely next token at every step; output ids exclude BOS and EOS."""
+    """Most likely next token at every step; output ids exclude BOS and EOS.  ``cancel``
+    stops the loop at its next step (aiayn/generate/cancel.py)."""
     model.eval()
     with for_decoding(model, src.shape[0]):
-        return _greedy(model, src, bos, eos, max_extra, never)
+        return _greedy(model, src, bos, eos, max_extra, never, cancel)
 
 
 def _greedy(
-    model: EncoderDecoder, src: Tensor, bos: int, eos: int, max_extra: int, never: Sequence[int]
+    model: EncoderDecoder,
+    src: Tensor,
+    bos: int,
+    eos: int,
+    max_extra: int,
+    never: Sequence[int],
+    cancel: CancelToken | None,
 ) -> list[list[int]]:
     memory, keep = model.encode(src)
     b, device = src.shape[0], src.device
@@ -112,6 +121,7 @@ def _greedy(
     length = torch.zeros(b, dtype=torch.long, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     for step in range(steps):
+        check(cancel)
         logits = model.decode(token, memory if step == 0 else None, keep, cache=cache)[:, -1]
         token = _mask_(logits, never).argmax(-1, keepdim=True)  # (B, 1)
         ends = token[:, 0] == eos
@@ -133,13 +143,15 @@ def beam_search(
     eos: int,
     config: BeamConfig = PAPER_BEAM,
     never: Sequence[int] = (),
+    cancel: CancelToken | None = None,
 ) -> list[list[int]]:
-    """The best hypothesis per sentence (ids without BOS/EOS), by length-normalised score."""
+    """The best hypothesis per sentence (ids without BOS/EOS), by length-normalised score.
+    ``cancel`` stops the search at its next step (aiayn/generate/cancel.py)."""
     model.eval()
     # One weight layout for the whole search: K·B rows per step is a small matrix product,
     # faster from a packed weight (aiayn/nn/cpu_kernels.py).
     with for_decoding(model, src.shape[0] * config.beam_size):
-        return _beam_search(model, src, bos, eos, config, never)
+        return _beam_search(model, src, bos, eos, config, never, cancel)
 
 
 def _beam_search(
@@ -149,6 +161,7 @@ def _beam_search(
     eos: int,
     config: BeamConfig,
     never: Sequence[int],
+    cancel: CancelToken | None,
 ) -> list[list[int]]:
     """The search itself: each step expands the K live hypotheses of every alive sentence,
     offers the EOS-ended and the length-capped ones as finished, keeps the K best that go on
@@ -193,6 +206,7 @@ def _beam_search(
             best_len[which] = cand_len
 
     for step in range(steps):
+        check(cancel)
         length = step + 1
         a = alive.shape[0]
         first_step = step == 0  # later steps take memory and its mask from the cache

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.generate.cancel import CancelToken, check
 from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling
 from aiayn.models import EncoderLM
 
@@ -115,9 +116,11 @@ def embed_ids(
     *,
     batch_size: int = 32,
     pooling: Pooling = DEFAULT_POOLING,
+    cancel: CancelToken | None = None,
 ) -> torch.Tensor:
     """(len(rows), D) float32 embeddings of texts already turned into token ids ([CLS] and
-    [SEP] included, as the tokenizer gives them), pooled as ``pooling`` says."""
+    [SEP] included, as the tokenizer gives them), pooled as ``pooling`` says.  ``cancel``
+    stops the work before its next batch (aiayn/generate/cancel.py)."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     c = model.config
@@ -135,6 +138,7 @@ def embed_ids(
             raise ValueError(f"input {number} has a token id outside 0 to {c.vocab_size - 1}")
     out = []
     for start in range(0, len(rows), batch_size):
+        check(cancel)
         chunk = rows[start : start + batch_size]
         width = max(len(r) for r in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long, device=device)

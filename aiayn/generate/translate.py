@@ -16,6 +16,7 @@ from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
+from aiayn.generate.cancel import CancelToken
 from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.models import EncoderDecoder
 from aiayn.nn.cpu_kernels import for_decoding
@@ -50,11 +51,13 @@ def translate(
     batch_size: int = 64,
     truncate: bool = False,
     generation: GenerationIds = NONE,
+    cancel: CancelToken | None = None,
 ) -> list[str]:
     """Translations of ``lines`` (beam search, or greedy when ``beam`` is None).
 
     ``generation`` -- a Hugging Face folder's ids (generation_config.json): its decoder start,
-    end and padding ids replace the tokenizer's where it names them.
+    end and padding ids replace the tokenizer's where it names them.  ``cancel`` stops the work
+    at the next decoding step (aiayn/generate/cancel.py).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: translate at least 1 line per batch")
@@ -98,9 +101,11 @@ def translate(
             src = pad([encoded[i] or [] for i in chunk], pad_id)
             src = src.to(next(model.parameters()).device)
             if beam is None:
-                hyps = greedy_decode(model, src, bos=bos, eos=eos, never=never)
+                hyps = greedy_decode(model, src, bos=bos, eos=eos, never=never, cancel=cancel)
             else:
-                hyps = beam_search(model, src, bos=bos, eos=eos, config=beam, never=never)
+                hyps = beam_search(
+                    model, src, bos=bos, eos=eos, config=beam, never=never, cancel=cancel
+                )
             for i, ids in zip(chunk, hyps, strict=True):
                 out[i] = tokenizer.decode(ids).strip()
     return out

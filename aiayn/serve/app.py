@@ -19,13 +19,17 @@
                                and failed requests, lines, queue depth)
 =============================  =================================================================
 
-Limits, each a clear error ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): a prompt
-over ``max_prompt_tokens`` or one that leaves no room in the model's context, or ``max_tokens``
-over ``max_new_tokens``, is a 400; a full queue is a 429 (``max_batch`` requests run at once,
-``max_queue`` more wait); an engine that is not running is a 503.  A client that disconnects
--- a closed stream included -- cancels its request, and the engine frees its row at the next
-step.  With ``api_key``, every ``/v1/...`` request needs it as a bearer token (a 401 without;
-aiayn/serve/auth.py).
+Limits (aiayn/serve/limits.py), each a clear error ``{"error": {"message", "type", "code"}}``
+(OpenAI's shape): a body over ``max_body`` bytes is a 413, refused before it is read; a prompt
+over ``max_prompt_tokens`` or one that leaves no room in the model's context, ``max_tokens``
+over ``max_new_tokens``, or a stop string over ``max_stop_chars`` is a 400; a full queue is a
+429 (``max_batch`` requests run at once, ``max_queue`` more wait); an engine that is not
+running is a 503; anything unexpected is a 500 that carries no exception text (the log has
+it).  Text is tokenized on a worker thread, never on the event loop.  A client that
+disconnects -- a closed stream included -- cancels its request: the engine frees its row at
+the next step, and a translation or embedding job stops at its next step (aiayn/serve/jobs.py).
+With ``api_key``, every request but ``/health`` and ``/metrics`` needs it as a bearer token (a
+401 without; aiayn/serve/auth.py).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling
 from aiayn.models import TransformerModel
 from aiayn.serve.auth import require_api_key
-from aiayn.serve.errors import install_error_handlers
+from aiayn.serve.body_limit import limit_body
+from aiayn.serve.errors import error_response, install_error_handlers
+from aiayn.serve.limits import DEFAULT_MAX_BODY, MAX_STOP_CHARS
 from aiayn.serve.routes import monitoring, openai_api, translation
 from aiayn.serve.served import serve_model
 
@@ -61,6 +67,8 @@ def create_app(
     generation: GenerationIds = NONE,
     pooling: Pooling = DEFAULT_POOLING,
     api_key: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    max_stop_chars: int = MAX_STOP_CHARS,
 ) -> FastAPI:
     """The app serving ``model``.  Its engine (``app.state.engine``; None for translation and
     embeddings) starts with the app and stops with it, on a thread of its own -- unless
@@ -69,14 +77,24 @@ def create_app(
     request may have: every KV row of the pool holds that many positions (default: the
     model's max_len, at most 4,096).  ``generation`` holds the checkpoint's end ids
     (generation_config.json), ``pooling`` an encoder's sentence-embedding recipe, ``api_key``
-    the bearer token ``/v1/...`` requests must carry.  The routes are the routers of
-    aiayn/serve/routes/."""
+    the bearer token ``/v1/...`` requests must carry, ``max_body`` the largest request body in
+    bytes (413 above), ``max_stop_chars`` the longest stop string.  The routes are the routers
+    of aiayn/serve/routes/."""
     served = serve_model(
-        model, tokenizer, name=name, max_batch=max_batch, max_queue=max_queue,
-        max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
-        prefill_chunk=prefill_chunk, batching=batching, context=context, generation=generation,
+        model,
+        tokenizer,
+        name=name,
+        max_batch=max_batch,
+        max_queue=max_queue,
+        max_prompt_tokens=max_prompt_tokens,
+        max_new_tokens=max_new_tokens,
+        max_stop_chars=max_stop_chars,
+        prefill_chunk=prefill_chunk,
+        batching=batching,
+        context=context,
+        generation=generation,
         pooling=pooling,
-    )  # fmt: skip
+    )
     engine = served.engine if start_engine else None
 
     @asynccontextmanager
@@ -88,10 +106,11 @@ def create_app(
             engine.stop()
 
     app = FastAPI(title="aiayn serve", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.engine = served.engine
+    app.state.engine, app.state.served = served.engine, served
     if api_key is not None:
         require_api_key(app, api_key)
     install_error_handlers(app)
+    limit_body(app, max_body, error_response)
     for routes in (monitoring, openai_api, translation):
         app.include_router(routes.router(served))
     return app

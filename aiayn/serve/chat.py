@@ -11,6 +11,7 @@ the finish reason, then ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Annotated, Any
@@ -62,8 +63,9 @@ async def chat_completion(
                                    ("response_format", body.response_format)) if on]  # fmt: skip
     if refused:
         raise APIError(400, f"{', '.join(refused)}: not supported by this server")
-    try:
-        ids = chat_ids(tokenizer, [m.as_template_input() for m in body.messages])
+    messages = [m.as_template_input() for m in body.messages]
+    try:  # the template is rendered and its text tokenized off the event loop
+        ids = await asyncio.to_thread(chat_ids, tokenizer, messages)
     except ChatTemplateError as err:
         raise APIError(400, f"messages: {err}") from None
     except ValueError as err:  # no chat template: not a chat model

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Request
@@ -26,7 +28,10 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.serve.engine import Engine, Event
 from aiayn.serve.engine import Request as EngineRequest
-from aiayn.serve.errors import APIError
+from aiayn.serve.errors import INTERNAL_ERROR, APIError
+from aiayn.serve.limits import MAX_STOP_CHARS, MAX_STOPS
+
+log = logging.getLogger(__name__)
 
 Chunks = Callable[[Event], Iterable[dict[str, Any]]]  # an event as the stream's JSON chunks
 
@@ -61,38 +66,86 @@ class SamplingBody(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class Completer:
-    """The engine behind the completion endpoints, with the server's limits: prompts of at
-    most ``prompt_limit`` tokens, at most ``new_limit`` new ones, ``context`` in all."""
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask: ``context`` tokens in all, prompts of at most ``prompt``
+    tokens, at most ``new`` new ones, stop strings of at most ``stop_chars`` characters."""
 
-    def __init__(
-        self, engine: Engine, vocab: int, context: int, prompt_limit: int, new_limit: int
-    ) -> None:
-        self.engine, self.vocab, self.context = engine, vocab, context
-        self.prompt_limit, self.new_limit = prompt_limit, new_limit
+    context: int
+    prompt: int
+    new: int
+    stop_chars: int = MAX_STOP_CHARS
+
+
+class Completer:
+    """The engine behind the completion endpoints, with the server's :class:`Limits`.  Text is
+    tokenized on a worker thread (:meth:`encode`): the event loop never waits on a long
+    prompt."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, vocab: int, limits: Limits) -> None:
+        self.engine, self.tokenizer, self.vocab, self.limits = engine, tokenizer, vocab, limits
+
+    @property
+    def context(self) -> int:
+        return self.limits.context
+
+    @property
+    def new_limit(self) -> int:
+        return self.limits.new
+
+    async def encode(self, text: str) -> list[int]:
+        """``text`` as token ids, tokenized off the event loop; a 400 for text the tokenizer
+        cannot take (a character outside a character-level vocabulary)."""
+        try:
+            return await asyncio.to_thread(self.tokenizer.encode, text)
+        except ValueError as err:
+            raise APIError(400, f"prompt: {err}") from None
 
     def check(self, ids: list[int], max_tokens: int, top_k: int | None, stop: Any) -> list[str]:
         """Raise a 400 naming what breaks a limit; return the stop strings as a list."""
+        self._check_prompt(ids)
+        self._check_length(len(ids), max_tokens)
+        if top_k is not None and top_k > self.vocab:
+            raise APIError(400, f"top_k={top_k}: the vocabulary has {self.vocab} tokens")
+        return self._stops(stop)
+
+    def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise APIError(400, "prompt: empty (it must have at least one token)")
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
-            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary"
-                                f" (0 to {self.vocab - 1})")  # fmt: skip
-        if len(ids) > self.prompt_limit:
-            raise APIError(400, f"prompt: {len(ids)} tokens; this server takes at most"
-                                f" {self.prompt_limit} (max_prompt_tokens; context"
-                                f" {self.context})")  # fmt: skip
-        if max_tokens > self.new_limit:
-            raise APIError(400, f"max_tokens={max_tokens}: at most {self.new_limit}")
-        if len(ids) + max_tokens > self.context:
-            raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens})"
-                                f" exceed the context of {self.context} tokens")  # fmt: skip
-        if top_k is not None and top_k > self.vocab:
-            raise APIError(400, f"top_k={top_k}: the vocabulary has {self.vocab} tokens")
+            last = self.vocab - 1
+            raise APIError(
+                400, f"prompt: token id {bad[0]} is outside the vocabulary (0 to {last})"
+            )
+        if len(ids) > self.limits.prompt:
+            raise APIError(
+                400,
+                f"prompt: {len(ids)} tokens; this server takes at most {self.limits.prompt}"
+                f" (max_prompt_tokens; context {self.context})",
+            )
+
+    def _check_length(self, prompt: int, max_tokens: int) -> None:
+        if max_tokens > self.limits.new:
+            raise APIError(400, f"max_tokens={max_tokens}: at most {self.limits.new}")
+        if prompt + max_tokens > self.context:
+            raise APIError(
+                400,
+                f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceed the context of"
+                f" {self.context} tokens",
+            )
+
+    def _stops(self, stop: Any) -> list[str]:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise APIError(400, "stop: up to 4 non-empty strings")
+        if len(stops) > MAX_STOPS or any(not s for s in stops):
+            raise APIError(400, f"stop: up to {MAX_STOPS} non-empty strings")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > self.limits.stop_chars:
+            raise APIError(
+                400,
+                f"stop: a string of {longest} characters; this server takes at most"
+                f" {self.limits.stop_chars} (max_stop_chars)",
+            )
         return stops
 
     def submit(
@@ -131,7 +184,7 @@ class Completer:
                 if event is None:
                     continue
                 if event.kind == "error":
-                    raise APIError(500, event.text, "server_error")
+                    raise failed(event)
                 if event.kind == "done":
                     return
         except asyncio.CancelledError:
@@ -153,7 +206,8 @@ class Completer:
                 while True:
                     event = await events.get()
                     if event.kind == "error":
-                        yield f"data: {json.dumps({'error': {'message': event.text}})}\n\n"
+                        message = failed(event).message
+                        yield f"data: {json.dumps({'error': {'message': message}})}\n\n"
                         break
                     if event.kind == "token" and not event.text:
                         continue
@@ -172,6 +226,13 @@ class Completer:
         return StreamingResponse(
             sse(), media_type="text/event-stream", background=BackgroundTask(request.cancel)
         )
+
+
+def failed(event: Event) -> APIError:
+    """A request the engine failed, as the client hears it: a 500 without the engine's
+    message, which goes to the log."""
+    log.error("a request failed in the engine: %s", event.text)
+    return APIError(500, INTERNAL_ERROR, "server_error")
 
 
 def usage(prompt_tokens: int, request: EngineRequest) -> dict[str, int]:
@@ -195,7 +256,7 @@ class CompletionBody(SamplingBody):
 
 
 async def text_completion(
-    body: CompletionBody, http: Request, completer: Completer, tokenizer: Tokenizer, name: str
+    body: CompletionBody, http: Request, completer: Completer, name: str
 ) -> Any:
     """``POST /v1/completions``: one prompt (text or token ids) continued, at once or as
     server-sent events; the fields this server does not serve are refused by name."""
@@ -209,7 +270,7 @@ async def text_completion(
     ]  # fmt: skip
     if unsupported:
         raise APIError(400, f"{', '.join(unsupported)}: not supported by this server")
-    ids = prompt_ids(body.prompt, tokenizer)
+    ids = await prompt_ids(body.prompt, completer)
     stops = completer.check(ids, body.max_tokens, body.top_k, body.stop)
     request, events = completer.submit(ids, body.max_tokens, body.sampling(), body.seed, stops)
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
@@ -234,16 +295,13 @@ async def text_completion(
     return completer.stream(request, events, chunks, closing)
 
 
-def prompt_ids(prompt: Any, tokenizer: Tokenizer) -> list[int]:
-    """A completion's one prompt as token ids (text is tokenized; ids are taken as they are,
-    and checked against the vocabulary by :meth:`Completer.check`)."""
-    prompts: list[Any] = [prompt] if isinstance(prompt, str) or (
-        prompt and isinstance(prompt[0], int)) else list(prompt)  # fmt: skip
+async def prompt_ids(prompt: Any, completer: Completer) -> list[int]:
+    """A completion's one prompt as token ids (text is tokenized off the event loop; ids are
+    taken as they are, and checked against the vocabulary by :meth:`Completer.check`)."""
+    one = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
+    prompts: list[Any] = [prompt] if one else list(prompt)
     if len(prompts) != 1:
         raise APIError(400, f"prompt: give one prompt per request (got {len(prompts)})")
     if not isinstance(prompts[0], str):
         return list(prompts[0])
-    try:
-        return tokenizer.encode(prompts[0])
-    except ValueError as err:  # e.g. a character outside a character-level vocabulary
-        raise APIError(400, f"prompt: {err}") from None
+    return await completer.encode(prompts[0])

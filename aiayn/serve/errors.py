@@ -1,4 +1,7 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "code"}}`` with the status."""
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "code"}}`` with the status.
+
+A client hears what it did wrong, never an exception's text: an unexpected error is a 500
+that says only that the server's log has the details (paths and internals stay there)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from aiayn.serve.engine import EngineStopped, QueueFull
+
+INTERNAL_ERROR = "internal error: the server's log has the details"
 
 
 class APIError(Exception):
@@ -48,6 +53,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueueFull)
     async def busy(_: Request, err: QueueFull) -> JSONResponse:
         return error_response(429, f"the server is busy: {err}", "rate_limit_error")
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, err: Exception) -> JSONResponse:
+        # Starlette raises the error on after this answer: the server logs its traceback.
+        return error_response(500, INTERNAL_ERROR, "server_error")
 
     @app.exception_handler(EngineStopped)
     async def stopped(_: Request, err: EngineStopped) -> JSONResponse:

@@ -13,7 +13,7 @@ from aiayn.generate.chat import end_ids
 from aiayn.interop.generation_config import GenerationIds
 from aiayn.interop.sentence_transformers import Pooling
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
-from aiayn.serve.completion import Completer
+from aiayn.serve.completion import Completer, Limits
 from aiayn.serve.embeddings import Embedder
 from aiayn.serve.engine import Engine
 from aiayn.serve.translator import Translator
@@ -76,25 +76,57 @@ class ServedModel:
 
 
 def serve_model(
-    model: TransformerModel, tokenizer: Tokenizer, *, name: str, max_batch: int, max_queue: int,
-    max_prompt_tokens: int | None, max_new_tokens: int | None, prefill_chunk: int,
-    batching: bool, context: int | None, generation: GenerationIds, pooling: Pooling,
-) -> ServedModel:  # fmt: skip
+    model: TransformerModel,
+    tokenizer: Tokenizer,
+    *,
+    name: str,
+    max_batch: int,
+    max_queue: int,
+    max_prompt_tokens: int | None,
+    max_new_tokens: int | None,
+    max_stop_chars: int,
+    prefill_chunk: int,
+    batching: bool,
+    context: int | None,
+    generation: GenerationIds,
+    pooling: Pooling,
+) -> ServedModel:
     """``model`` ready to serve, its limits checked (see :func:`aiayn.serve.app.create_app`)."""
-    max_len = shared_context(model.config.max_len, context, max_batch=max_batch,
-                             max_queue=max_queue, prefill_chunk=prefill_chunk,
-                             max_prompt_tokens=max_prompt_tokens,
-                             max_new_tokens=max_new_tokens)  # fmt: skip
+    max_len = shared_context(
+        model.config.max_len,
+        context,
+        max_batch=max_batch,
+        max_queue=max_queue,
+        prefill_chunk=prefill_chunk,
+        max_prompt_tokens=max_prompt_tokens,
+        max_new_tokens=max_new_tokens,
+        max_stop_chars=max_stop_chars,
+    )
     engine, translator, embedder = _worker(
-        model, tokenizer, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk,
-        batching=batching, context=max_len, generation=generation, pooling=pooling,
-    )  # fmt: skip
-    prompt_limit = max_len - 1 if max_prompt_tokens is None else min(max_prompt_tokens, max_len - 1)
-    new_limit = max_len if max_new_tokens is None else max_new_tokens
-    completer = None if engine is None else Completer(
-        engine, model.config.vocab_size, max_len, prompt_limit, new_limit)  # fmt: skip
-    return ServedModel(model, tokenizer, name, max_len, max_batch, engine, translator, embedder,
-                       completer)  # fmt: skip
+        model,
+        tokenizer,
+        max_batch=max_batch,
+        max_queue=max_queue,
+        prefill_chunk=prefill_chunk,
+        batching=batching,
+        context=max_len,
+        generation=generation,
+        pooling=pooling,
+    )
+    completer = None
+    if engine is not None:
+        limits = Limits(
+            context=max_len,
+            prompt=max_len - 1
+            if max_prompt_tokens is None
+            else min(max_prompt_tokens, max_len - 1),
+            new=max_len if max_new_tokens is None else max_new_tokens,
+            stop_chars=max_stop_chars,
+        )
+        completer = Completer(engine, tokenizer, model.config.vocab_size, limits)
+    return ServedModel(
+        model, tokenizer, name, max_len, max_batch, engine, translator, embedder, completer
+    )
 
 
 def _worker(

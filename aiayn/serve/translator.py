@@ -1,20 +1,19 @@
 """The worker behind ``POST /v1/translate``: an encoder-decoder's translation requests, each
-a batch of lines through beam search (or greedy), one batch at a time on a worker thread."""
+a batch of lines through beam search (or greedy), one batch at a time on a worker thread
+(aiayn/serve/jobs.py: a bounded queue, and a job that stops when its client leaves)."""
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import threading
-
 import torch
+from fastapi import Request
 
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.generate.beam import BeamConfig
+from aiayn.generate.cancel import CancelToken
 from aiayn.generate.translate import translate
 from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.models import EncoderDecoder
-from aiayn.serve.engine import QueueFull
+from aiayn.serve.jobs import JobQueue
 
 
 class Translator:
@@ -28,34 +27,29 @@ class Translator:
         max_queue: int,
         generation: GenerationIds = NONE,
     ) -> None:
-        self.model, self.tokenizer, self.max_queue = model, tokenizer, max_queue
+        self.model, self.tokenizer = model, tokenizer
         self.generation = generation  # the folder's decoder start / end / padding ids
-        self.count, self.busy, self.waiting = threading.Lock(), threading.Lock(), 0
-        self.stats = collections.Counter[str]()  # what /metrics reports
+        self.jobs = JobQueue(max_queue, "translations")
+        self.stats = self.jobs.stats  # what /metrics reports
 
-    async def __call__(self, lines: list[str], beam: int) -> list[str]:
-        with self.count:
-            if self.waiting > self.max_queue:
-                self.stats["rejected"] += 1
-                raise QueueFull(f"{self.waiting} translations are queued (max_queue)")
-            self.waiting += 1
-            self.stats["requests"] += 1
-        try:
-            config = None if beam == 1 else BeamConfig(beam_size=beam)
-            out = await asyncio.to_thread(self._run, lines, config)
-            with self.count:
-                self.stats["lines"] += len(lines)
-            return out
-        except Exception:
-            with self.count:
-                self.stats["failed"] += 1
-            raise
-        finally:
-            with self.count:
-                self.waiting -= 1
+    @property
+    def waiting(self) -> int:
+        return self.jobs.waiting
 
-    def _run(self, lines: list[str], config: BeamConfig | None) -> list[str]:
-        with self.busy, torch.inference_mode():
+    async def __call__(self, lines: list[str], beam: int, http: Request | None = None) -> list[str]:
+        """The translations of ``lines``; a client that leaves (``http``) stops them."""
+        config = None if beam == 1 else BeamConfig(beam_size=beam)
+        out = await self.jobs.run(lambda token: self._run(lines, config, token), http)
+        self.stats["lines"] += len(lines)
+        return out
+
+    def _run(self, lines: list[str], config: BeamConfig | None, token: CancelToken) -> list[str]:
+        with torch.inference_mode():
             return translate(
-                self.model, self.tokenizer, lines, beam=config, generation=self.generation
+                self.model,
+                self.tokenizer,
+                lines,
+                beam=config,
+                generation=self.generation,
+                cancel=token,
             )

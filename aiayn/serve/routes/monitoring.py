@@ -50,6 +50,12 @@ def prometheus_text(engine: Engine | None, translator: Translator | None) -> str
                t["rejected"])  # fmt: skip
         metric("requests_failed_total", "counter", "Requests that failed (4xx, 5xx).",
                t["failed"])  # fmt: skip
+        metric(
+            "requests_cancelled_total",
+            "counter",
+            "Requests whose client left; their decoding stopped at its next step.",
+            t["cancelled"],
+        )
         metric("lines_translated_total", "counter", "Lines translated.", t["lines"])
         metric("queue_depth", "gauge", "Requests waiting for or in translation.",
                translator.waiting)  # fmt: skip

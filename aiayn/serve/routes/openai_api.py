@@ -43,7 +43,7 @@ def router(served: ServedModel) -> APIRouter:
 
     @routes.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, http: Request) -> Any:
-        return await text_completion(body, http, generating(), tokenizer, name)
+        return await text_completion(body, http, generating(), name)
 
     @routes.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody, http: Request) -> Any:
@@ -53,10 +53,10 @@ def router(served: ServedModel) -> APIRouter:
         return await chat_completion(body, http, completer, tokenizer, name)
 
     @routes.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingBody) -> dict[str, Any]:
+    async def embeddings(body: EmbeddingBody, http: Request) -> dict[str, Any]:
         if served.embedder is None:
-            raise APIError(400, f"{name} is a {type(model).__name__}, not an encoder: it gives"
-                                " no embeddings")  # fmt: skip
-        return await served.embedder(body, name)
+            kind = type(model).__name__
+            raise APIError(400, f"{name} is a {kind}, not an encoder: it gives no embeddings")
+        return await served.embedder(body, name, http)
 
     return routes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiayn.serve.errors import APIError
@@ -25,7 +25,7 @@ def router(served: ServedModel) -> APIRouter:
     name, kind = served.name, type(served.model).__name__
 
     @routes.post("/v1/translate")
-    async def translate_endpoint(body: TranslateBody) -> dict[str, Any]:
+    async def translate_endpoint(body: TranslateBody, http: Request) -> dict[str, Any]:
         if served.translator is None:
             use = "POST /v1/embeddings" if served.embedder is not None else "POST /v1/completions"
             raise APIError(400, f"{name} is a {kind}: use {use}")
@@ -33,7 +33,7 @@ def router(served: ServedModel) -> APIRouter:
         if not 1 <= len(lines) <= served.max_batch * 4:
             raise APIError(400, f"text: 1 to {served.max_batch * 4} lines per request")
         try:
-            out = await served.translator(lines, body.beam)
+            out = await served.translator(lines, body.beam, http)
         except ValueError as err:  # a line over the model's length
             raise APIError(400, str(err)) from err
         return {"model": name, "translations": out if isinstance(body.text, list) else out[0]}

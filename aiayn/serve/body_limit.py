@@ -1,20 +1,34 @@
-"""The explorer's request-body limit: a body over ``max_body`` bytes is a 413, refused
-before it is read."""
+"""A request-body limit for the servers (``aiayn serve``, ``aiayn explore``): a body over
+``max_bytes`` is a 413, refused before it is read -- so a 20 MB prompt is never parsed, let
+alone tokenized."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aiayn.explore.errors import error
+
+def limit_body(app: Starlette, max_bytes: int, respond: Callable[[int, str], Response]) -> None:
+    """Refuse ``app``'s request bodies over ``max_bytes`` (a ValueError names a limit below 1
+    byte, when the app is built rather than at its first request)."""
+    if max_bytes < 1:
+        raise ValueError(f"max_body={max_bytes}: expected at least 1 byte")
+    app.add_middleware(BodyLimit, max_bytes=max_bytes, respond=respond)
 
 
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` is refused with 413 before it is read
-    -- at once from its Content-Length, or as soon as a chunked body passes the limit."""
+    -- at once from its Content-Length, or as soon as a chunked body passes the limit.
+    ``respond(status, message)`` is the server's error response (its JSON shape)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, respond: Callable[[int, str], Response]
+    ) -> None:
+        self.app, self.max_bytes, self.respond = app, max_bytes, respond
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -52,7 +66,7 @@ class BodyLimit:
                 await self._refuse(send, f"more than {self.max_bytes}")
 
     async def _refuse(self, send: Send, size: str) -> None:
-        response = error(
+        response = self.respond(
             413, f"the request body is {size} bytes; this server accepts at most {self.max_bytes}"
         )
         await response({"type": "http"}, _no_body, send)
