@@ -51,23 +51,91 @@ def test_a_real_sharded_checkpoint_loads(sharded: Path) -> None:
     assert isinstance(aiayn.load(sharded).model, aiayn.DecoderLM)
 
 
+def hostile_copy(sharded: Path, to: Path, canary: Path) -> Path:
+    """The attack: a copy of a real sharded checkpoint, its manifest deleted and a canary
+    pickle written into ``dcp/.metadata``."""
+    shutil.copytree(sharded, to)
+    (to / "manifest.json").unlink()
+    (to / "dcp" / ".metadata").write_bytes(pickle.dumps(Canary(canary)))
+    return to
+
+
+def _train_from(folder: Path, tmp_path: Path) -> int:
+    """``aiayn train`` of a run that starts from ``folder`` (``[model] init_from``)."""
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
+    toml = f'[model]\ninit_from = "{folder}"\n\n' + LM_TOML[LM_TOML.index("[data]") :]
+    (tmp_path / "tune.toml").write_text(toml)
+    argv = ["train", str(tmp_path / "tune.toml"), "--out", str(tmp_path / "tuned")]
+    return main([*argv, "--data", str(tmp_path)])
+
+
+def _resume(sharded: Path, tmp_path: Path, canary: Path) -> int:
+    """``aiayn train --resume`` of a copied run whose latest checkpoint is hostile."""
+    run = tmp_path / "run"
+    shutil.copytree(sharded.parent.parent, run, symlinks=True)  # RUN/checkpoints/step_N
+    checkpoint = (run / "checkpoint").resolve()
+    assert checkpoint.is_relative_to(run.resolve()), "the copy must not point at the original"
+    (checkpoint / "manifest.json").unlink()
+    (checkpoint / "dcp" / ".metadata").write_bytes(pickle.dumps(Canary(canary)))
+    (tmp_path / "corpus.txt").write_text(LM_TEXT)
+    (tmp_path / "run.toml").write_text(LM_TOML)
+    argv = ["train", str(tmp_path / "run.toml"), "--out", str(run), "--data", str(tmp_path)]
+    return main([*argv, "--resume", "--set", "train.checkpoint_format=sharded"])
+
+
+def _explore(folder: Path) -> None:
+    from aiayn.explore.registry import Registry
+
+    registry = Registry()
+    registry.get(registry.add_checkpoint(folder))
+
+
+PATHS = ["load", "generate", "serve", "embed", "translate", "explore", "init_from", "resume"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_a_pickle_in_the_metadata_never_runs(
-    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: str,
+    sharded: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Every way a folder is opened refuses the canary before it runs: a clear error (exit 2
+    from the command line), and no file created."""
     from aiayn.serve import server
 
     canary = tmp_path / "canary"
-    copy = tmp_path / "copy"
-    shutil.copytree(sharded, copy)
-    (copy / "manifest.json").unlink()
-    (copy / "dcp" / ".metadata").write_bytes(pickle.dumps(Canary(canary)))
-    with pytest.raises(ValueError, match="posix.system is not part of a DCP checkpoint"):
-        aiayn.load(copy)
+    copy = hostile_copy(sharded, tmp_path / "copy", canary)
     monkeypatch.setattr(server, "run_server", lambda app, **kw: None)
-    for command in (["generate", "--prompt", "To"], ["serve"]):
-        assert main([command[0], "--checkpoint", str(copy), *command[1:]]) == 2
+    commands = {
+        "generate": ["generate", "--checkpoint", str(copy), "--prompt", "To"],
+        "serve": ["serve", "--checkpoint", str(copy)],
+        "embed": ["embed", "--checkpoint", str(copy)],
+        "translate": ["translate", "--checkpoint", str(copy)],
+    }
+    refused = "posix.system is not part of a DCP checkpoint"
+    if path in ("load", "explore"):
+        with pytest.raises(ValueError, match=refused):
+            aiayn.load(copy) if path == "load" else _explore(copy)
+    else:
+        if path in commands:
+            code = main(commands[path])
+        else:
+            code = (
+                _train_from(copy, tmp_path)
+                if path == "init_from"
+                else _resume(sharded, tmp_path, canary)
+            )
+        assert code == 2 and refused in capsys.readouterr().err
     assert not canary.exists()
-    pickle.loads((copy / "dcp" / ".metadata").read_bytes())  # the canary does fire, unchecked
+
+
+def test_the_canary_does_fire_when_unpickled_unchecked(sharded: Path, tmp_path: Path) -> None:
+    """The attack is real: the same file, read with pickle, creates the canary."""
+    canary = tmp_path / "canary"
+    copy = hostile_copy(sharded, tmp_path / "copy", canary)
+    pickle.loads((copy / "dcp" / ".metadata").read_bytes())
     assert canary.exists()
 
 
