@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import settings
 
 import aiayn
 
@@ -23,6 +24,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     )
+
+# Property tests and fuzzing (hypothesis, schemathesis) draw the same examples on every run:
+# a test's verdict never depends on luck.  HYPOTHESIS_PROFILE=deep draws ten times as many,
+# freshly each run, to look for new failures (docs/security.md).
+settings.register_profile("ci", derandomize=True, max_examples=40, deadline=None)
+settings.register_profile("deep", derandomize=False, max_examples=400, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Two layers, 32 wide, 4 heads, no dropout: a model every family can be, small enough to run
 # a forward pass in milliseconds, large enough for heads, grouping and caches to matter.

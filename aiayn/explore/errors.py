@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -14,8 +16,8 @@ from aiayn.explore.registry import PathNotAllowed, UnknownModel
 INTERNAL_ERROR = "internal error: the server's log has the details"
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _describe_validation(err: RequestValidationError) -> tuple[int, str]:
@@ -45,7 +47,7 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = err.detail if isinstance(err.detail, str) else "bad request"
         if err.status_code == 400 and "parsing the body" in detail:
             detail = "malformed JSON: the body could not be parsed (too deeply nested?)"
-        return error(err.status_code, detail)
+        return error(err.status_code, detail, err.headers)  # a 405's Allow included
 
     @app.exception_handler(RecursionError)
     async def too_deep(_: Request, err: RecursionError) -> JSONResponse:

@@ -73,6 +73,9 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     probs = sorted_logits.softmax(-1)
     mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
     drop_sorted = mass_before >= p  # once p is reached, the rest are dropped
+    # The most likely token always stays: a p below fp32's smallest number (5e-324) rounds to
+    # 0 in the comparison, which would drop every token and leave nothing to sample from.
+    drop_sorted[..., 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

@@ -80,24 +80,40 @@ def _chat_template(config: dict[str, Any], folder: Path) -> str | None:
     return template
 
 
+def _named_tokens(config: dict[str, Any], config_path: Path, map_path: Path) -> dict[str, Any]:
+    """Each special-token setting with the file it comes from: ``{name: (value, path)}``."""
+    names = {k: (config[k], config_path) for k in (*SPECIAL_NAMES, *EXTRA_NAMES) if k in config}
+    if map_path.is_file() and "added_tokens_decoder" not in config:
+        # the legacy layout: the map wins, as in transformers
+        names.update({k: (v, map_path) for k, v in read_json_object(map_path).items()})
+    return names
+
+
+def _extra_tokens(name: str, value: Any, path: Path) -> list[str]:
+    """The tokens of a list (or a dict of) extra special tokens."""
+    tokens = list(value.values()) if isinstance(value, dict) else value or []
+    if not isinstance(tokens, list):
+        raise ValueError(f"{path}: {name} should be a list of tokens, not {value!r}")
+    return [t for t in (_content(v, f"{path}: {name}") for v in tokens) if t is not None]
+
+
 def read_settings(directory: str | os.PathLike[str]) -> TokenizerSettings:
-    """The folder's settings; all None / empty when it has neither file."""
+    """The folder's settings; all None / empty when it has neither file.  A value of the wrong
+    kind is a ValueError naming the file and the setting."""
     folder = Path(directory)
     config_path, map_path = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     config = read_json_object(config_path) if config_path.is_file() else {}
-    names = {k: config[k] for k in (*SPECIAL_NAMES, *EXTRA_NAMES) if k in config}
-    if map_path.is_file() and "added_tokens_decoder" not in config:
-        names.update(read_json_object(map_path))  # legacy layout: the map wins, as in transformers
+    names = _named_tokens(config, config_path, map_path)
     special = {}
     for name in SPECIAL_NAMES:
-        token = _content(names.get(name), f"{folder}: {name}")
+        value, path = names.get(name, (None, config_path))
+        token = _content(value, f"{path}: {name}")
         if token is not None:
             special[name] = token
     extra: list[str] = []
     for name in EXTRA_NAMES:
-        tokens = names.get(name) or []
-        tokens = list(tokens.values()) if isinstance(tokens, dict) else tokens
-        extra += [t for t in (_content(v, f"{folder}: {name}") for v in tokens) if t is not None]
+        if name in names:
+            extra += _extra_tokens(name, *names[name])
     length = config.get("model_max_length")
     flags = {k: config.get(k) for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars")}
     for key, value in flags.items():

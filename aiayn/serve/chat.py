@@ -29,7 +29,9 @@ from aiayn.serve.errors import APIError
 class ChatMessage(BaseModel):
     """One message; ``content`` as a string or OpenAI's list of text parts."""
 
-    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... reach the template
+    model_config = ConfigDict(
+        extra="allow", strict=True
+    )  # name, tool_calls, ... reach the template
     role: str
     content: str | list[dict[str, Any]] | None = None
 

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -34,18 +34,22 @@ from aiayn.serve.limits import MAX_STOP_CHARS, MAX_STOPS
 log = logging.getLogger(__name__)
 
 Chunks = Callable[[Event], Iterable[dict[str, Any]]]  # an event as the stream's JSON chunks
+T = TypeVar("T")
+NonEmpty = Annotated[list[T], Field(min_length=1)]
+TokenIds = NonEmpty[Annotated[int, Field(ge=0)]]  # a prompt as token ids
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class SamplingBody(BaseModel):
     """The fields OpenAI's completion and chat requests share: how to sample, where to stop,
-    whether to stream.  Fields neither serves are ignored."""
+    whether to stream.  Fields neither serves are ignored.  Values are taken as their JSON
+    types say (``strict``): ``true`` is not a number, ``"5"`` not an integer."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str | None = None
     temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
@@ -245,14 +249,14 @@ class CompletionBody(SamplingBody):
     """OpenAI's completion request: the fields this server uses, those it refuses by name, and
     any other ignored."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids
+    prompt: str | NonEmpty[str] | TokenIds | NonEmpty[TokenIds]  # text, or token ids
     max_tokens: Annotated[int, Field(ge=1)] = 16
     # Accepted by OpenAI but not served here: refused by name rather than ignored, since a
     # client that asks for them reads fields this server would leave empty.
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Annotated[int, Field(ge=1)] | None = None
 
 
 async def text_completion(

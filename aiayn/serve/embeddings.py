@@ -30,7 +30,7 @@ MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 
 
 class EmbeddingBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

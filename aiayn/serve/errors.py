@@ -5,14 +5,47 @@ that says only that the server's log has the details (paths and internals stay t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from aiayn.serve.engine import EngineStopped, QueueFull
 
 INTERNAL_ERROR = "internal error: the server's log has the details"
+
+# Every status the server answers with besides 200, as its OpenAPI schema documents them.
+STATUSES = {
+    400: "A value the server cannot take, named in the message.",
+    401: "A missing or wrong API key (with --api-key).",
+    404: "An unknown model or path.",
+    413: "A request body over --max-body bytes, refused before it is read.",
+    429: "The queue is full: try again later.",
+    499: "The client closed the request before its answer.",
+    500: "An internal error; the server's log has its details.",
+    503: "The engine is not running.",
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error shape."""
+
+    error: ErrorDetail
+
+
+def documented_errors() -> dict[int | str, dict[str, Any]]:
+    """The error responses every route may give, for its OpenAPI schema."""
+    return {status: {"model": ErrorBody, "description": text} for status, text in STATUSES.items()}
 
 
 class APIError(Exception):
@@ -23,10 +56,14 @@ class APIError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
-    )
+def error_response(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -48,7 +85,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, err: HTTPException) -> JSONResponse:
-        return error_response(err.status_code, str(err.detail))
+        # the exception's headers too: a 405's Allow names the methods the path takes
+        return error_response(err.status_code, str(err.detail), headers=err.headers)
 
     @app.exception_handler(QueueFull)
     async def busy(_: Request, err: QueueFull) -> JSONResponse:

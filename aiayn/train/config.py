@@ -236,14 +236,20 @@ def _model_settings(
     return special, settings
 
 
-def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+def _build(cls: type, table: dict[str, Any], where: str, path: Path) -> Any:
+    """``cls`` from the ``[where]`` table of ``path``; a mistake is a ValueError naming both."""
     if not isinstance(table, dict):
-        raise ValueError(f"[{where}] must be a table of settings, got {table!r}")
+        raise ValueError(f"[{where}] in {path} must be a table of settings, got {table!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - names)
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in [{where}]; expected some of {sorted(names)}")
-    return cls(**table)
+        raise ValueError(
+            f"unknown key(s) {unknown} in [{where}] of {path}; expected some of {sorted(names)}"
+        )
+    try:
+        return cls(**table)
+    except ValueError as err:
+        raise ValueError(f"[{where}] in {path}: {err}") from err
 
 
 def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -282,10 +288,13 @@ def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -
         model = _initial_model(init_from, model_table, p)
     else:
         preset = special.get("preset")
-        model = resolve_config(preset if preset is not None else ModelConfig(), **model_table)
+        try:
+            model = resolve_config(preset if preset is not None else ModelConfig(), **model_table)
+        except ValueError as err:
+            raise ValueError(f"[model] in {p}: {err}") from err
     return RunConfig(
         model,
-        _build(DataConfig, raw.get("data", {}), "data"),
-        _build(TrainConfig, raw.get("train", {}), "train"),
+        _build(DataConfig, raw.get("data", {}), "data", p),
+        _build(TrainConfig, raw.get("train", {}), "train", p),
         init_from,
     )

@@ -77,6 +77,11 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     assert kept(0.96) == [1, 1, 1, 1]
     shuffled = logits[:, [2, 0, 3, 1]]  # order in the vocabulary does not matter
     assert (top_p_filter(shuffled, 0.79) > float("-inf")).int().tolist()[0] == [0, 1, 0, 1]
+    # A p that is 0 in fp32 (found by fuzzing the server) keeps the most likely token, as
+    # any p > 0 must, rather than none (a NaN distribution).
+    for tiny in (5e-324, 1e-46, 1e-300):
+        assert kept(tiny) == [1, 0, 0, 0]
+        assert choose_next(logits, SamplingConfig(top_p=tiny)).item() == 0
 
 
 def test_temperature_scales_the_softmax_and_a_tiny_one_is_greedy() -> None:

@@ -4,9 +4,13 @@ configs -- and an override wins over the file."""
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import aiayn
 from aiayn.config import AttentionConfig
@@ -68,3 +72,64 @@ def test_fine_tuning_compares_settings_by_any_name(tmp_path: Path) -> None:
     path.write_text(head + 'preset = "gpt2-small"\n')
     with pytest.raises(ValueError, match="names both preset and init_from"):
         load_run_config(path)
+
+
+# A run config from elsewhere: any TOML whose tables and keys are drawn mostly from the real
+# ones, with values of every TOML type, is read or refused with a ValueError naming the file --
+# never another exception (hypothesis; the same examples every run, tests/conftest.py).
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)  # int, or a finite float
+
+
+def _toml(tables: dict[str, dict[str, object]]) -> str:
+    parts = []
+    for table, values in tables.items():
+        parts.append(f"[{json.dumps(table)}]")
+        parts += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in values.items()]
+    return "\n".join(parts) + "\n"
+
+
+_TOML_SCALARS = (
+    st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10)
+)
+_TOML_VALUES = _TOML_SCALARS | st.lists(_TOML_SCALARS, max_size=3)
+
+
+def _keys() -> list[str]:
+    from dataclasses import fields
+
+    from aiayn.config import field_names
+    from aiayn.train.config import DataConfig, TrainConfig
+
+    return [*field_names(), *(f.name for c in (DataConfig, TrainConfig) for f in fields(c))]
+
+
+@given(
+    tables=st.dictionaries(
+        st.sampled_from(["model", "data", "train"]) | st.text(max_size=6),
+        st.dictionaries(
+            st.sampled_from([*_keys(), "preset", "init_from"]) | st.text(max_size=8),
+            _TOML_VALUES,
+            max_size=5,
+        ),
+        max_size=3,
+    )
+)
+@settings(suppress_health_check=list(HealthCheck))
+def test_any_run_config_is_read_or_named(tables: dict[str, dict[str, object]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.toml"
+        path.write_text(_toml(tables), encoding="utf-8")
+        try:
+            load_run_config(path)
+        except ValueError as err:
+            assert str(path) in str(err), err

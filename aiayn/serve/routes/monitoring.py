@@ -7,13 +7,14 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from aiayn.serve.engine import Engine
+from aiayn.serve.errors import documented_errors
 from aiayn.serve.served import ServedModel
 from aiayn.serve.translator import Translator
 
 
 def router(served: ServedModel) -> APIRouter:
     """The probes of ``served``."""
-    routes = APIRouter()
+    routes = APIRouter(responses=documented_errors())
     engine, model = served.engine, served.model
 
     @routes.get("/health")

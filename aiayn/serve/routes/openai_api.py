@@ -12,14 +12,22 @@ from aiayn.data.tokenizer import BPETokenizer
 from aiayn.serve.chat import ChatBody, chat_completion
 from aiayn.serve.completion import Completer, CompletionBody, text_completion
 from aiayn.serve.embeddings import EmbeddingBody
-from aiayn.serve.errors import APIError
+from aiayn.serve.errors import APIError, documented_errors
 from aiayn.serve.served import ServedModel
+
+# A completion is JSON, or with ``stream`` server-sent events: the schema names both.
+STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The completion (JSON), or with stream: true its server-sent events.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
 
 
 def router(served: ServedModel) -> APIRouter:
     """The OpenAI-compatible API over ``served``; a route its model cannot answer is a 400
     naming the one to use."""
-    routes = APIRouter()
+    routes = APIRouter(responses=documented_errors())
     model, tokenizer, name = served.model, served.tokenizer, served.name
 
     @routes.get("/v1/models")
@@ -41,11 +49,11 @@ def router(served: ServedModel) -> APIRouter:
         use = "POST /v1/translate" if served.translator is not None else "POST /v1/embeddings"
         raise APIError(400, f"{name} is a {type(model).__name__}: use {use}")
 
-    @routes.post("/v1/completions", response_model=None)
+    @routes.post("/v1/completions", response_model=None, responses=STREAMED)
     async def completions(body: CompletionBody, http: Request) -> Any:
         return await text_completion(body, http, generating(), name)
 
-    @routes.post("/v1/chat/completions", response_model=None)
+    @routes.post("/v1/chat/completions", response_model=None, responses=STREAMED)
     async def chat(body: ChatBody, http: Request) -> Any:
         completer = generating()
         if not isinstance(tokenizer, BPETokenizer):

@@ -8,12 +8,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from aiayn.serve.errors import APIError
+from aiayn.serve.errors import APIError, documented_errors
 from aiayn.serve.served import ServedModel
 
 
 class TranslateBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     text: str | list[str]
     beam: Annotated[int, Field(ge=1, le=16)] = 4
 
@@ -21,7 +21,7 @@ class TranslateBody(BaseModel):
 def router(served: ServedModel) -> APIRouter:
     """The translation route over ``served``: at most ``4 * max_batch`` lines a request; a
     model that does not translate is a 400 naming the route to use."""
-    routes = APIRouter()
+    routes = APIRouter(responses=documented_errors())
     name, kind = served.name, type(served.model).__name__
 
     @routes.post("/v1/translate")
