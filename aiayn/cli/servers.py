@@ -9,7 +9,7 @@ import sys
 from aiayn.cli.common import _add_device, _add_precision
 from aiayn.config import presets
 from aiayn.interop.generation_config import generation_of
-from aiayn.serve.limits import DEFAULT_MAX_BODY, MAX_STOP_CHARS
+from aiayn.serve.limits import DEFAULT_MAX_BODY, MAX_N, MAX_STOP_CHARS
 
 KEY_VAR = "AIAYN_API_KEY"
 
@@ -44,6 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=_api_key(args.api_key),
         max_body=args.max_body,
         max_stop_chars=args.max_stop_chars,
+        max_n=args.max_n,
     )
     run_server(
         app,
@@ -158,6 +159,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=MAX_STOP_CHARS,
         help=f"longest stop string a request may give (default: {MAX_STOP_CHARS})",
+    )
+    p.add_argument(
+        "--max-n",
+        type=int,
+        default=MAX_N,
+        help=f"most choices (n, best_of) a request may ask for, over its prompts"
+        f" (default: {MAX_N})",
     )
     p.add_argument(
         "--prefill-chunk", type=int, default=128, help="prompt tokens per step (chunked prefill)"

@@ -46,8 +46,8 @@ from aiayn.models import TransformerModel
 from aiayn.serve.auth import require_api_key
 from aiayn.serve.body_limit import limit_body
 from aiayn.serve.errors import error_response, install_error_handlers
-from aiayn.serve.limits import DEFAULT_MAX_BODY, MAX_STOP_CHARS
-from aiayn.serve.routes import monitoring, openai_api, translation
+from aiayn.serve.limits import DEFAULT_MAX_BODY, MAX_N, MAX_STOP_CHARS
+from aiayn.serve.routes import monitoring, openai_api, tokens, translation
 from aiayn.serve.served import serve_model
 
 
@@ -69,6 +69,7 @@ def create_app(
     api_key: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     max_stop_chars: int = MAX_STOP_CHARS,
+    max_n: int = MAX_N,
 ) -> FastAPI:
     """The app serving ``model``.  Its engine (``app.state.engine``; None for translation and
     embeddings) starts with the app and stops with it, on a thread of its own -- unless
@@ -78,7 +79,8 @@ def create_app(
     model's max_len, at most 4,096).  ``generation`` holds the checkpoint's end ids
     (generation_config.json), ``pooling`` an encoder's sentence-embedding recipe, ``api_key``
     the bearer token ``/v1/...`` requests must carry, ``max_body`` the largest request body in
-    bytes (413 above), ``max_stop_chars`` the longest stop string.  The routes are the routers
+    bytes (413 above), ``max_stop_chars`` the longest stop string, ``max_n`` the most choices a
+    request may ask for (``n``, ``best_of``, over a batch of prompts).  The routes are the routers
     of aiayn/serve/routes/."""
     served = serve_model(
         model,
@@ -89,6 +91,7 @@ def create_app(
         max_prompt_tokens=max_prompt_tokens,
         max_new_tokens=max_new_tokens,
         max_stop_chars=max_stop_chars,
+        max_n=max_n,
         prefill_chunk=prefill_chunk,
         batching=batching,
         context=context,
@@ -111,6 +114,6 @@ def create_app(
         require_api_key(app, api_key)
     install_error_handlers(app)
     limit_body(app, max_body, error_response)
-    for routes in (monitoring, openai_api, translation):
+    for routes in (monitoring, openai_api, tokens, translation):
         app.include_router(routes.router(served))
     return app

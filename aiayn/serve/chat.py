@@ -6,7 +6,11 @@ The messages are rendered with the folder's ``chat_template`` as transformers'
 generation settings' EOS ids or the tokenizer's ``eos_token``), a stop string or the length
 limit.  The answer is ``chat.completion`` (the reply as the assistant's message), or, with
 ``stream``, ``chat.completion.chunk`` events: the role first, then the text as it comes, then
-the finish reason, then ``[DONE]``.
+the finish reason, then ``[DONE]``.  ``n`` choices are drawn (``seed``, ``seed + 1``, ...);
+``logprobs`` with ``top_logprobs`` gives each reply token's log-probability and the top ones,
+the model's own before any sampling setting (aiayn/serve/logprobs.py); ``presence_penalty``,
+``frequency_penalty`` and ``logit_bias`` shape what is sampled.  ``tools`` and a
+``response_format`` other than text are refused by name.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.interop.chat_template import ChatTemplateError, chat_ids
-from aiayn.serve.completion import Completer, SamplingBody, usage
+from aiayn.serve.completion import Choice, Completer, SamplingBody, Shared, seeds, usage
 from aiayn.serve.engine import Event
+from aiayn.serve.engine import Request as EngineRequest
 from aiayn.serve.errors import APIError
+from aiayn.serve.limits import MAX_LOGPROBS
+from aiayn.serve.logprobs import chat_logprobs
 
 
 class ChatMessage(BaseModel):
@@ -51,61 +58,117 @@ class ChatBody(SamplingBody):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # Not served: refused by name, since a client asking for them would read empty fields.
     tools: list[dict[str, Any]] | None = None
-    logprobs: bool = False
     response_format: dict[str, Any] | None = None
+
+    def refused(self) -> list[str]:
+        text = self.response_format is None or self.response_format.get("type") == "text"
+        return [k for k, on in (("tools", self.tools), ("response_format", not text)) if on]
 
 
 async def chat_completion(
     body: ChatBody, http: Request, completer: Completer, tokenizer: BPETokenizer, name: str
 ) -> Any:
     """The handler's work (module docstring)."""
-    refused = [key for key, on in (("tools", body.tools), ("logprobs", body.logprobs),
-                                   ("response_format", body.response_format)) if on]  # fmt: skip
+    refused = body.refused()
     if refused:
         raise APIError(400, f"{', '.join(refused)}: not supported by this server")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs: only with logprobs: true")
+    ids = await _prompt(body, tokenizer, name)
+    room = completer.context - len(ids)
+    max_tokens = body.max_completion_tokens or body.max_tokens or min(room, completer.new_limit)
+    stops = completer.check(ids, max_tokens, body.top_k, body.stop)
+    completer.check_choices(body.n, "n")
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    choices = [Choice(ids, max_tokens, seed, top) for seed in seeds(body.seed, body.n)]
+    shared = Shared(body.sampling(), stops, body.penalties(completer.vocab))
+    requests, events = completer.submit(choices, shared)
+    reply = Reply(body, tokenizer, name, len(ids))
+    if not body.stream:
+        await completer.wait(requests, events, http)
+        return reply.whole(requests)
+    return completer.stream(requests, events, reply.chunks(), reply.closing(requests))
+
+
+async def _prompt(body: ChatBody, tokenizer: BPETokenizer, name: str) -> list[int]:
+    """The messages rendered with the checkpoint's template and tokenized, off the event
+    loop."""
     messages = [m.as_template_input() for m in body.messages]
-    try:  # the template is rendered and its text tokenized off the event loop
-        ids = await asyncio.to_thread(chat_ids, tokenizer, messages)
+    try:
+        return await asyncio.to_thread(chat_ids, tokenizer, messages)
     except ChatTemplateError as err:
         raise APIError(400, f"messages: {err}") from None
     except ValueError as err:  # no chat template: not a chat model
         raise APIError(400, f"{name}: {err}") from None
-    room = completer.context - len(ids)
-    max_tokens = body.max_completion_tokens or body.max_tokens or min(room, completer.new_limit)
-    stops = completer.check(ids, max_tokens, body.top_k, body.stop)
-    request, events = completer.submit(ids, max_tokens, body.sampling(), body.seed, stops)
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": name}
-    if not body.stream:
-        await completer.wait(request, events, http)
-        message = {"role": "assistant", "content": request.text}
-        choice = {"index": 0, "message": message, "finish_reason": request.finish_reason,
-                  "logprobs": None}  # fmt: skip
-        return {**head, "object": "chat.completion", "choices": [choice],
-                "usage": usage(len(ids), request)}  # fmt: skip
-    chunk_head = {**head, "object": "chat.completion.chunk"}
-    started = False
 
-    def chunks(event: Event) -> list[dict[str, Any]]:
-        nonlocal started
-        out = []
-        if not started:  # the first chunk names the role
-            started = True
-            delta = {"role": "assistant", "content": ""}
-            out.append({**chunk_head, "choices": [{"index": 0, "delta": delta,
-                                                   "finish_reason": None}]})  # fmt: skip
-        if event.text:
-            out.append({**chunk_head, "choices": [{"index": 0, "delta": {"content": event.text},
-                                                   "finish_reason": None}]})  # fmt: skip
-        if event.kind == "done":
-            out.append({**chunk_head, "choices": [{"index": 0, "delta": {},
-                                                   "finish_reason": event.finish_reason}]})  # fmt: skip
-        return out
 
-    def closing() -> list[dict[str, Any]]:
-        if not body.include_usage():
-            return []
-        return [{**chunk_head, "choices": [], "usage": usage(len(ids), request)}]
+class Reply:
+    """The response's JSON: ``chat.completion``, or ``chat.completion.chunk`` events."""
 
-    return completer.stream(request, events, chunks, closing)
+    def __init__(self, body: ChatBody, tokenizer: BPETokenizer, name: str, prompt: int) -> None:
+        self.body, self.decode, self.prompt_tokens = body, tokenizer.decode, prompt
+        self.head = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "created": int(time.time()),
+            "model": name,
+        }
+
+    def whole(self, requests: list[EngineRequest]) -> dict[str, Any]:
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r.text},
+                "finish_reason": r.finish_reason,
+                "logprobs": self._logprobs(r.tokens, r.token_logprobs, r.top_logprobs),
+            }
+            for i, r in enumerate(requests)
+        ]
+        usage_ = usage(self.prompt_tokens, requests)
+        return {**self.head, "object": "chat.completion", "choices": choices, "usage": usage_}
+
+    def _logprobs(
+        self, tokens: list[int], values: list[float], tops: list[dict[int, float]]
+    ) -> dict[str, Any] | None:
+        if not self.body.logprobs:
+            return None
+        return chat_logprobs(tokens, values, tops, self.decode)
+
+    def _chunk(self, index: int, delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "finish_reason": None, **extra}
+        return {**self.head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    def chunks(self) -> Any:
+        """Per choice: the role first, then the text as it comes (with its log-probabilities),
+        then the finish reason."""
+        started: set[int] = set()
+
+        def chunks(index: int, event: Event) -> list[dict[str, Any]]:
+            out = []
+            if index not in started:  # a choice's first chunk names the role
+                started.add(index)
+                out.append(self._chunk(index, {"role": "assistant", "content": ""}))
+            if event.kind == "token":
+                lp = None
+                if event.token is not None and event.logprob is not None:
+                    lp = self._logprobs([event.token], [event.logprob], [event.top or {}])
+                out.append(self._chunk(index, {"content": event.text}, logprobs=lp))
+            if event.kind == "done":
+                out.append(self._chunk(index, {}, finish_reason=event.finish_reason))
+            return out
+
+        return chunks
+
+    def closing(self, requests: list[EngineRequest]) -> Any:
+        def closing() -> list[dict[str, Any]]:
+            if not self.body.include_usage():
+                return []
+            usage_ = usage(self.prompt_tokens, requests)
+            return [
+                {**self.head, "object": "chat.completion.chunk", "choices": [], "usage": usage_}
+            ]
+
+        return closing

@@ -1,11 +1,13 @@
-"""What ``/v1/completions`` and ``/v1/chat/completions`` share: checking a request against the
-server's limits, handing it to the engine, and waiting for its tokens -- all at once, or as
-server-sent events.
+"""What ``/v1/completions`` and ``/v1/chat/completions`` share: the sampling fields of a
+request, checking it against the server's limits, handing its choices to the engine, and
+waiting for their tokens -- all at once, or as server-sent events.
 
-A request's tokens come from the engine's thread as :class:`~aiayn.serve.engine.Event` s,
-through an asyncio queue.  A client that disconnects cancels its request, and the engine frees
-its row at the next step: a streaming client when its stream closes, a waiting one when the
-server looks (every quarter second, tokens or not).
+One HTTP request is one or more engine requests (its *choices*: ``n`` per prompt, ``best_of``
+drawn to keep ``n``, one set per prompt of a batch).  Their tokens come from the engine's
+thread as :class:`~aiayn.serve.engine.Event` s, tagged with the choice's index, through one
+asyncio queue.  A client that disconnects cancels them all, and the engine frees their rows at
+the next step: a streaming client when its stream closes, a waiting one when the server looks
+(every quarter second, tokens or not).
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ import asyncio
 import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Request
@@ -25,18 +26,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.generate.penalties import Penalties
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.serve.engine import Engine, Event
 from aiayn.serve.engine import Request as EngineRequest
 from aiayn.serve.errors import INTERNAL_ERROR, APIError
-from aiayn.serve.limits import MAX_STOP_CHARS, MAX_STOPS
+from aiayn.serve.limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
 
 log = logging.getLogger(__name__)
 
-Chunks = Callable[[Event], Iterable[dict[str, Any]]]  # an event as the stream's JSON chunks
+Tagged = tuple[int, Event]  # an event of the choice with this index
+Chunks = Callable[[int, Event], Iterable[dict[str, Any]]]  # an event as the stream's chunks
 T = TypeVar("T")
 NonEmpty = Annotated[list[T], Field(min_length=1)]
 TokenIds = NonEmpty[Annotated[int, Field(ge=0)]]  # a prompt as token ids
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class StreamOptions(BaseModel):
@@ -45,9 +50,10 @@ class StreamOptions(BaseModel):
 
 
 class SamplingBody(BaseModel):
-    """The fields OpenAI's completion and chat requests share: how to sample, where to stop,
-    whether to stream.  Fields neither serves are ignored.  Values are taken as their JSON
-    types say (``strict``): ``true`` is not a number, ``"5"`` not an integer."""
+    """The fields OpenAI's completion and chat requests share: how to sample, how many
+    choices, where to stop, whether to stream.  Fields neither serves are ignored.  Values are
+    taken as their JSON types say (``strict``): ``true`` is not a number, ``"5"`` not an
+    integer."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str | None = None
@@ -58,12 +64,24 @@ class SamplingBody(BaseModel):
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    n: Annotated[int, Field(ge=1)] = 1
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, Bias] | None = None
+    user: str | None = None  # accepted, and not used
 
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(temperature=self.temperature,
-                              top_p=None if self.top_p >= 1.0 else self.top_p,
-                              top_k=self.top_k)  # fmt: skip
+        top_p = None if self.top_p >= 1.0 else self.top_p
+        return SamplingConfig(temperature=self.temperature, top_p=top_p, top_k=self.top_k)
+
+    def penalties(self, vocab: int) -> Penalties:
+        """The penalties and the logit bias; a bias key that is not a token id is a 400."""
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or int(key) >= vocab:
+                raise APIError(400, f"logit_bias: {key!r} is not a token id (0 to {vocab - 1})")
+            bias[int(key)] = value
+        return Penalties(self.presence_penalty, self.frequency_penalty, bias)
 
     def include_usage(self) -> bool:
         """Whether a stream ends with OpenAI's usage chunk (``stream_options``)."""
@@ -71,14 +89,42 @@ class SamplingBody(BaseModel):
 
 
 @dataclass(frozen=True)
+class Choice:
+    """One engine request of an HTTP request: its prompt, its seed, what it records."""
+
+    ids: list[int]
+    max_tokens: int
+    seed: int | None = None
+    logprobs: int | None = None
+    echo: bool = False
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every choice of an HTTP request shares."""
+
+    sampling: SamplingConfig
+    stops: list[str]
+    penalties: Penalties = field(default_factory=Penalties)
+
+
+def seeds(seed: int | None, count: int) -> list[int | None]:
+    """The seeds of ``count`` choices: ``seed``, ``seed + 1``, ... (each choice its own
+    independent draw, reproducible), or none."""
+    return [None if seed is None else (seed + i) % 2**63 for i in range(count)]
+
+
+@dataclass(frozen=True)
 class Limits:
     """What one request may ask: ``context`` tokens in all, prompts of at most ``prompt``
-    tokens, at most ``new`` new ones, stop strings of at most ``stop_chars`` characters."""
+    tokens, at most ``new`` new ones, stop strings of at most ``stop_chars`` characters, at
+    most ``choices`` engine requests (``n`` or ``best_of``, times the prompts of a batch)."""
 
     context: int
     prompt: int
     new: int
     stop_chars: int = MAX_STOP_CHARS
+    choices: int = MAX_N
 
 
 class Completer:
@@ -112,6 +158,15 @@ class Completer:
         if top_k is not None and top_k > self.vocab:
             raise APIError(400, f"top_k={top_k}: the vocabulary has {self.vocab} tokens")
         return self._stops(stop)
+
+    def check_choices(self, count: int, what: str) -> None:
+        """A 400 for a request of more than ``Limits.choices`` engine requests."""
+        if count > self.limits.choices:
+            raise APIError(
+                400,
+                f"{what}: {count} choices; this server makes at most {self.limits.choices}"
+                " per request (max_n)",
+            )
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -153,83 +208,117 @@ class Completer:
         return stops
 
     def submit(
-        self, ids: list[int], max_tokens: int, sampling: SamplingConfig, seed: int | None,
-        stops: list[str],
-    ) -> tuple[EngineRequest, asyncio.Queue[Event]]:  # fmt: skip
-        """Queue the request with the engine; its events arrive on the returned queue."""
+        self, choices: Sequence[Choice], shared: Shared
+    ) -> tuple[list[EngineRequest], asyncio.Queue[Tagged]]:
+        """Queue the choices with the engine; their events arrive, tagged with the choice's
+        index, on the returned queue.  A full queue cancels those already queued."""
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def emit(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        request = EngineRequest(ids, max_tokens, sampling, seed, stops, emit)
-        self.engine.submit(request)
-        return request, events
+        events: asyncio.Queue[Tagged] = asyncio.Queue()
+        requests: list[EngineRequest] = []
+        try:
+            for index, c in enumerate(choices):
+                emit = _emitter(loop, events, index)
+                request = EngineRequest(
+                    c.ids,
+                    c.max_tokens,
+                    shared.sampling,
+                    c.seed,
+                    shared.stops,
+                    emit,
+                    logprobs=c.logprobs,
+                    echo=c.echo,
+                    penalties=shared.penalties,
+                )
+                self.engine.submit(request)
+                requests.append(request)
+        except Exception:
+            cancel_all(requests)
+            raise
+        return requests, events
 
     @staticmethod
-    async def wait(request: EngineRequest, events: asyncio.Queue[Event], http: Request) -> None:
-        """Until the request is done; a client gone meanwhile cancels it (a 499)."""
+    async def wait(
+        requests: list[EngineRequest], events: asyncio.Queue[Tagged], http: Request
+    ) -> None:
+        """Until every choice is done; a client gone meanwhile cancels them (a 499)."""
+        pending = len(requests)
         try:
             checked = time.monotonic()
-            while True:
+            while pending:
                 try:
-                    event: Event | None = await asyncio.wait_for(events.get(), timeout=0.25)
+                    tagged: Tagged | None = await asyncio.wait_for(events.get(), timeout=0.25)
                 except TimeoutError:
-                    event = None
+                    tagged = None
                 # Whether the client is still there, every quarter second whether or not
                 # tokens arrive (they arrive every few ms): a client that gave up must not
-                # hold its row until max_tokens.
+                # hold its rows until max_tokens.
                 if time.monotonic() - checked >= 0.25:
                     checked = time.monotonic()
                     if await http.is_disconnected():
-                        request.cancel()
+                        cancel_all(requests)
                         raise APIError(499, "client closed the request")
-                if event is None:
+                if tagged is None:
                     continue
+                _, event = tagged
                 if event.kind == "error":
+                    cancel_all(requests)
                     raise failed(event)
-                if event.kind == "done":
-                    return
+                pending -= event.kind == "done"
         except asyncio.CancelledError:
-            request.cancel()
+            cancel_all(requests)
             raise
 
     @staticmethod
     def stream(
-        request: EngineRequest,
-        events: asyncio.Queue[Event],
+        requests: list[EngineRequest],
+        events: asyncio.Queue[Tagged],
         chunks: Chunks,
         closing: Callable[[], Iterable[dict[str, Any]]] = lambda: (),
     ) -> StreamingResponse:
-        """Server-sent events: ``chunks(event)`` for each token and for the end, then
-        ``closing()`` (a usage chunk), then ``data: [DONE]``."""
+        """Server-sent events: ``chunks(index, event)`` for each token and each choice's end,
+        then ``closing()`` (a usage chunk), then ``data: [DONE]``."""
 
         async def sse() -> AsyncIterator[str]:
+            pending = len(requests)
             try:
-                while True:
-                    event = await events.get()
+                while pending:
+                    index, event = await events.get()
                     if event.kind == "error":
                         message = failed(event).message
                         yield f"data: {json.dumps({'error': {'message': message}})}\n\n"
-                        break
-                    if event.kind == "token" and not event.text:
+                        return
+                    if event.kind == "token" and not event.text and event.logprob is None:
                         continue
-                    for chunk in chunks(event):
+                    for chunk in chunks(index, event):
                         yield f"data: {json.dumps(chunk)}\n\n"
-                    if event.kind == "done":
-                        for chunk in closing():
-                            yield f"data: {json.dumps(chunk)}\n\n"
-                        yield "data: [DONE]\n\n"
-                        break
+                    pending -= event.kind == "done"
+                for chunk in closing():
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                yield "data: [DONE]\n\n"
             finally:
-                request.cancel()  # a no-op once finished; frees the row if the client left
+                cancel_all(requests)  # a no-op once finished; frees the rows if the client left
 
         # The cancel also runs as a background task: a client gone before the first event
         # never enters sse()'s finally.
         return StreamingResponse(
-            sse(), media_type="text/event-stream", background=BackgroundTask(request.cancel)
+            sse(),
+            media_type="text/event-stream",
+            background=BackgroundTask(cancel_all, requests),
         )
+
+
+def _emitter(
+    loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Tagged], index: int
+) -> Callable[[Event], None]:
+    def emit(event: Event) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, (index, event))
+
+    return emit
+
+
+def cancel_all(requests: Iterable[EngineRequest]) -> None:
+    for request in requests:
+        request.cancel()
 
 
 def failed(event: Event) -> APIError:
@@ -239,73 +328,8 @@ def failed(event: Event) -> APIError:
     return APIError(500, INTERNAL_ERROR, "server_error")
 
 
-def usage(prompt_tokens: int, request: EngineRequest) -> dict[str, int]:
-    made = len(request.tokens)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": made,
-            "total_tokens": prompt_tokens + made}  # fmt: skip
-
-
-class CompletionBody(SamplingBody):
-    """OpenAI's completion request: the fields this server uses, those it refuses by name, and
-    any other ignored."""
-
-    prompt: str | NonEmpty[str] | TokenIds | NonEmpty[TokenIds]  # text, or token ids
-    max_tokens: Annotated[int, Field(ge=1)] = 16
-    # Accepted by OpenAI but not served here: refused by name rather than ignored, since a
-    # client that asks for them reads fields this server would leave empty.
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: Annotated[int, Field(ge=1)] | None = None
-
-
-async def text_completion(
-    body: CompletionBody, http: Request, completer: Completer, name: str
-) -> Any:
-    """``POST /v1/completions``: one prompt (text or token ids) continued, at once or as
-    server-sent events; the fields this server does not serve are refused by name."""
-    unsupported = [
-        f"{key}={value!r}"
-        for key, value, default in (
-            ("logprobs", body.logprobs, None), ("echo", body.echo, False),
-            ("suffix", body.suffix, None), ("best_of", body.best_of, 1),
-        )
-        if value is not None and value != default
-    ]  # fmt: skip
-    if unsupported:
-        raise APIError(400, f"{', '.join(unsupported)}: not supported by this server")
-    ids = await prompt_ids(body.prompt, completer)
-    stops = completer.check(ids, body.max_tokens, body.top_k, body.stop)
-    request, events = completer.submit(ids, body.max_tokens, body.sampling(), body.seed, stops)
-    head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
-            "created": int(time.time()), "model": name}  # fmt: skip
-    if not body.stream:
-        await completer.wait(request, events, http)
-        choice = {"text": request.text, "index": 0, "logprobs": None,
-                  "finish_reason": request.finish_reason}  # fmt: skip
-        return {**head, "choices": [choice], "usage": usage(len(ids), request)}
-
-    def chunks(event: Event) -> list[dict[str, Any]]:
-        done = event.kind == "done"
-        choice = {"text": event.text, "index": 0, "logprobs": None,
-                  "finish_reason": event.finish_reason if done else None}  # fmt: skip
-        return [{**head, "choices": [choice]}]
-
-    def closing() -> list[dict[str, Any]]:  # OpenAI's last chunk: no choices, the usage
-        if not body.include_usage():
-            return []
-        return [{**head, "choices": [], "usage": usage(len(ids), request)}]
-
-    return completer.stream(request, events, chunks, closing)
-
-
-async def prompt_ids(prompt: Any, completer: Completer) -> list[int]:
-    """A completion's one prompt as token ids (text is tokenized off the event loop; ids are
-    taken as they are, and checked against the vocabulary by :meth:`Completer.check`)."""
-    one = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
-    prompts: list[Any] = [prompt] if one else list(prompt)
-    if len(prompts) != 1:
-        raise APIError(400, f"prompt: give one prompt per request (got {len(prompts)})")
-    if not isinstance(prompts[0], str):
-        return list(prompts[0])
-    return await completer.encode(prompts[0])
+def usage(prompt_tokens: int, requests: Iterable[EngineRequest]) -> dict[str, int]:
+    """OpenAI's usage: each prompt counted once, every choice's tokens (best_of's too)."""
+    made = sum(len(r.tokens) for r in requests)
+    total = prompt_tokens + made
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": made, "total_tokens": total}

@@ -36,10 +36,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.generate.penalties import Penalties
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models import DecoderLM
 from aiayn.nn.cpu_kernels import for_decoding
 from aiayn.serve.slots import SlotPool
+
+
+def _top(logprobs: Tensor, n: int) -> dict[int, float]:
+    """The ``n`` most likely token ids of a (V,) row of log-probabilities, with theirs."""
+    if n == 0:
+        return {}
+    values, ids = logprobs.topk(n)
+    return dict(zip(ids.tolist(), values.tolist(), strict=True))
 
 
 class QueueFull(RuntimeError):
@@ -59,6 +68,8 @@ class Event:
     text: str = ""
     token: int | None = None
     finish_reason: str | None = None
+    logprob: float | None = None  # the token's, when the request asks for log-probabilities
+    top: dict[int, float] | None = None  # the most likely tokens' (``Request.logprobs`` of them)
 
 
 @dataclass(eq=False)  # requests are compared by identity (in lists, queues)
@@ -72,9 +83,18 @@ class Request:
     seed: int | None = None
     stop: Sequence[str] = ()
     emit: Callable[[Event], None] = lambda event: None
+    logprobs: int | None = None  # record log-probabilities, with this many top alternatives
+    echo: bool = False  # record the prompt's log-probabilities too (OpenAI's echo)
+    penalties: Penalties = field(default_factory=Penalties)
     id: int = field(default_factory=itertools.count().__next__)
     # Filled in by the engine.
     tokens: list[int] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)  # with echo; [0] is None
+    prompt_top: list[dict[int, float] | None] = field(default_factory=list)
+    counts: Tensor | None = None  # (1, V) generated tokens, for the penalties
+    bias: Tensor | None = None  # (V,) logit_bias
     text: str = ""  # the text emitted so far
     finish_reason: str | None = None
     cancelled: bool = False
@@ -93,6 +113,15 @@ class Request:
     def cancel(self) -> None:
         """Stop this request at the next step (a client went away); its row is freed then."""
         self.cancelled = True
+
+    @property
+    def records(self) -> bool:
+        """Whether this request's log-probabilities are recorded."""
+        return self.logprobs is not None or self.echo
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return float(sum(self.token_logprobs))
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -314,11 +343,7 @@ class Engine:
         while self.waiting and self.free_rows and not self.prefilling:
             r = self.waiting.popleft()
             try:
-                if r.seed is not None:
-                    r.generator = torch.Generator(device=self.device).manual_seed(r.seed)
-                if r.sampling.repetition_penalty != 1.0:
-                    r.seen = torch.zeros(1, self.model.config.vocab_size, dtype=torch.bool)
-                    r.seen[0, r.prompt] = True
+                self._set_up(r)
             except Exception as err:  # a bad seed or token id: this request fails alone
                 ended.append((r, None, f"{type(err).__name__}: {err}"))
                 continue
@@ -327,6 +352,21 @@ class Engine:
             r.cache = self.pool.row_cache(r.row)
             self.prefilling.append(r)
         return ended
+
+    def _set_up(self, r: Request) -> None:
+        """A request's generator, its repetition and OpenAI penalties' state, and the null
+        log-probability of its first prompt token."""
+        vocab = self.model.config.vocab_size
+        if r.seed is not None:
+            r.generator = torch.Generator(device=self.device).manual_seed(r.seed)
+        if r.sampling.repetition_penalty != 1.0:
+            r.seen = torch.zeros(1, vocab, dtype=torch.bool)
+            r.seen[0, r.prompt] = True
+        if r.penalties.presence or r.penalties.frequency:
+            r.counts = torch.zeros(1, vocab, device=self.device)
+        r.bias = r.penalties.bias_vector(vocab, self.device)
+        if r.echo:
+            r.prompt_logprobs, r.prompt_top = [None], [None]
 
     def _prefill_chunk(self) -> None:
         """One chunk of the oldest prefilling request's prompt into its row."""
@@ -339,7 +379,10 @@ class Engine:
         self._threads_for(len(chunk))
         try:
             ids = torch.tensor([chunk], device=self.device)
-            logits = self.model(ids, cache=r.cache)[:, -1]  # (1, V)
+            every = self.model(ids, cache=r.cache)  # (1, T, V)
+            if r.echo:
+                self._record_prompt(r, every[0], r.prefilled)
+            logits = every[:, -1]  # (1, V)
         except Exception as err:  # e.g. an id outside the vocabulary: this request fails
             self._release(r, None, error=f"{type(err).__name__}: {err}")
             return
@@ -358,7 +401,21 @@ class Engine:
             self.free_rows.append(r.row)
             r.row = target
         self.running.append(r)
+        if r.max_new_tokens == 0:  # the prompt's log-probabilities alone (echo)
+            self._release(r, "length")
+            return
         self._choose([r], logits)
+
+    def _record_prompt(self, r: Request, logits: Tensor, start: int) -> None:
+        """The log-probabilities of the prompt tokens that a chunk's (T, V) ``logits``
+        predict: position ``start + j`` predicts prompt token ``start + j + 1``."""
+        targets = r.prompt[start + 1 : start + 1 + logits.shape[0]]
+        if not targets:
+            return
+        lp = logits[: len(targets)].float().log_softmax(-1)  # (T', V)
+        chosen = lp.gather(-1, torch.tensor(targets, device=lp.device)[:, None])[:, 0]
+        r.prompt_logprobs += chosen.tolist()
+        r.prompt_top += [_top(row, r.logprobs or 0) for row in lp]
 
     def _decode_step(self) -> None:
         """One token for every running request."""
@@ -391,12 +448,9 @@ class Engine:
         made = 0  # tokens generated: a request that fails here made none
         for i, r in enumerate(requests):
             try:
-                token = int(choose_next(logits[i : i + 1], r.sampling, seen=r.seen,
-                                        generator=r.generator))  # fmt: skip
-                if r.seen is not None:
-                    r.seen[0, token] = True
+                token, logprob, top = self._next(r, logits[i : i + 1])
                 made += 1
-                self._append(r, token, now)
+                self._append(r, token, now, logprob, top)
             except Exception as err:  # this request fails alone
                 self._release(r, None, error=f"{type(err).__name__}: {err}")
         self.recent.append((now, made))
@@ -404,10 +458,40 @@ class Engine:
             self.recent.popleft()
         self.stats["tokens"] += made
 
-    def _append(self, r: Request, token: int, now: float) -> None:
+    def _next(
+        self, r: Request, logits: Tensor
+    ) -> tuple[int, float | None, dict[int, float] | None]:
+        """``r``'s next token from its (1, V) ``logits``, and, if it records them, the token's
+        log-probability and the top ones: the model's own distribution, before the penalties,
+        the temperature and the filters (as vLLM and OpenAI report them)."""
+        shaped = logits
+        if r.counts is not None or r.bias is not None:
+            counts = r.counts if r.counts is not None else torch.zeros_like(logits)
+            shaped = r.penalties.apply(logits.float(), counts, r.bias)
+        token = int(choose_next(shaped, r.sampling, seen=r.seen, generator=r.generator))
+        if r.seen is not None:
+            r.seen[0, token] = True
+        if r.counts is not None:
+            r.counts[0, token] += 1
+        if not r.records:
+            return token, None, None
+        lp = logits[0].float().log_softmax(-1)  # (V,)
+        return token, float(lp[token]), _top(lp, r.logprobs or 0)
+
+    def _append(
+        self,
+        r: Request,
+        token: int,
+        now: float,
+        logprob: float | None = None,
+        top: dict[int, float] | None = None,
+    ) -> None:
         if r.first_token is None:
             r.first_token = now
         r.tokens.append(token)
+        if logprob is not None and top is not None:
+            r.token_logprobs.append(logprob)
+            r.top_logprobs.append(top)
         reason = None
         text = incremental_text(r, self.decode)
         if token in self.eos:
@@ -426,7 +510,7 @@ class Engine:
             text = text[: len(text) - _held_back(text, r.stop)]
         delta = text[len(r.text) :] if text.startswith(r.text) else ""
         r.text += delta
-        r.emit(Event("token", delta, token))
+        r.emit(Event("token", delta, token, logprob=logprob, top=top))
         if reason is not None:
             self._release(r, reason)
 

@@ -85,6 +85,7 @@ def serve_model(
     max_prompt_tokens: int | None,
     max_new_tokens: int | None,
     max_stop_chars: int,
+    max_n: int,
     prefill_chunk: int,
     batching: bool,
     context: int | None,
@@ -101,6 +102,7 @@ def serve_model(
         max_prompt_tokens=max_prompt_tokens,
         max_new_tokens=max_new_tokens,
         max_stop_chars=max_stop_chars,
+        max_n=max_n,
     )
     engine, translator, embedder = _worker(
         model,
@@ -122,6 +124,7 @@ def serve_model(
             else min(max_prompt_tokens, max_len - 1),
             new=max_len if max_new_tokens is None else max_new_tokens,
             stop_chars=max_stop_chars,
+            choices=max_n,
         )
         completer = Completer(engine, tokenizer, model.config.vocab_size, limits)
     return ServedModel(

@@ -10,10 +10,11 @@ from fastapi import APIRouter, Request
 
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.serve.chat import ChatBody, chat_completion
-from aiayn.serve.completion import Completer, CompletionBody, text_completion
+from aiayn.serve.completion import Completer
 from aiayn.serve.embeddings import EmbeddingBody
 from aiayn.serve.errors import APIError, documented_errors
 from aiayn.serve.served import ServedModel
+from aiayn.serve.text_completion import CompletionBody, text_completion
 
 # A completion is JSON, or with ``stream`` server-sent events: the schema names both.
 STREAMED: dict[int | str, dict[str, Any]] = {
