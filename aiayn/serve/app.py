@@ -1,13 +1,13 @@
 """``aiayn serve``: the HTTP face of the engine (aiayn/serve/engine.py), a FastAPI app.
 
 =============================  =================================================================
-``POST /v1/completions``       OpenAI-compatible: prompt (text or token ids), max_tokens,
-                               temperature, top_p, top_k, stop, seed, stream (server-sent
-                               events, ending ``data: [DONE]``; ``stream_options.include_usage``
-                               adds OpenAI's closing usage chunk); logprobs, echo, suffix and
-                               best_of > 1 are refused with a 400 rather than ignored
+``POST /v1/completions``       OpenAI-compatible (aiayn/serve/text_completion.py): a prompt
+                               or a batch, n, best_of, logprobs, echo, seed, penalties,
+                               logit_bias, stop, streaming; suffix is refused with a 400
 ``POST /v1/chat/completions``  OpenAI-compatible chat over the checkpoint's own chat template
-                               (aiayn/serve/chat.py), streaming too
+                               (aiayn/serve/chat.py): n, logprobs, streaming too
+``POST /tokenize``             vLLM's tokenizer helpers, also ``/detokenize`` and
+                               ``/tokenizer_info`` (aiayn/serve/routes/tokens.py)
 ``POST /v1/embeddings``        encoder checkpoints: OpenAI-compatible sentence embeddings
                                (aiayn/serve/embeddings.py)
 ``GET /v1/models``             the one model served (also ``/v1/models/{id}``)

@@ -113,6 +113,42 @@ def test_chat_completions_plain_and_streamed_equal_transformers(
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == prompt_tokens
 
 
+@torch.no_grad()
+def test_chat_logprobs_and_n_equal_transformers(chat_url: str, chat_dir: Path) -> None:
+    """``logprobs`` with ``top_logprobs=3`` through the openai client: each reply token's
+    log-probability is transformers' own log_softmax at its prefix (fp32, the same weights
+    read by another implementation; 1e-4 covers their different summation orders over two
+    32-wide layers by orders of magnitude); ``n=2`` with a seed gives two replies, the same
+    two each time."""
+    client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
+    got = client.chat.completions.create(
+        model="tiny-chat", messages=MESSAGES, max_tokens=5, temperature=0,  # type: ignore[arg-type]
+        logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    content = got.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 5
+    assert "".join(t.token for t in content) == got.choices[0].message.content
+    tok = transformers.AutoTokenizer.from_pretrained(str(chat_dir))
+    ids = tok.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    model = transformers.GPT2LMHeadModel.from_pretrained(chat_dir).eval()
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=5, do_sample=False, pad_token_id=0,
+        output_logits=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    reply = out.sequences[0, len(ids) :].tolist()
+    assert tok.decode(reply) == got.choices[0].message.content
+    for token, logits, entry in zip(reply, out.logits, content, strict=True):
+        row = logits[0].float().log_softmax(-1)  # the raw logits of that step, before any processor
+        assert entry.logprob == pytest.approx(float(row[token]), abs=1e-4)
+        best = row.topk(3).values.tolist()
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(best, abs=1e-4)
+    body = {"model": "tiny-chat", "messages": MESSAGES, "max_tokens": 6, "n": 2, "seed": 3}
+    first, second = (client.chat.completions.create(**body) for _ in range(2))  # type: ignore[call-overload]
+    assert [c.index for c in first.choices] == [0, 1]
+    assert [c.message.content for c in first.choices] == [c.message.content for c in second.choices]
+
+
 def test_models_are_listed(chat_url: str) -> None:
     client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
     assert [m.id for m in client.models.list()] == ["tiny-chat"]

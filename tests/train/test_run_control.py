@@ -180,7 +180,9 @@ def test_data_settings_and_tables_are_checked(tmp_path: Path) -> None:
         DataConfig(valid_target="small/valid.en")
     cfg = tmp_path / "run.toml"
     cfg.write_text("train = 5\n")
-    with pytest.raises(ValueError, match=r"\[train\] must be a table of settings, got 5"):
+    with pytest.raises(
+        ValueError, match=r"\[train\] in .*run.toml must be a table of settings, got 5"
+    ):
         load_run_config(cfg)
 
 
