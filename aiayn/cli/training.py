@@ -124,6 +124,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     bundle = load(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
     apply_precision(model, _device(args), _precision(args))
+    if args.lm_eval:
+        return _evaluate_lm_eval(args, model, tokenizer)
     data = bundle.run.get("data", {})
     if isinstance(model, EncoderDecoder):
         return _evaluate_translation(args, model, tokenizer, data)
@@ -149,6 +151,37 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"perplexity         {math.exp(loss):.3f}")
     if tokenizer.kind == "char":
         print(f"bits per character {loss / math.log(2):.4f}")
+    return 0
+
+
+def _evaluate_lm_eval(args: argparse.Namespace, model: object, tokenizer: object) -> int:
+    """lm-evaluation-harness's tasks, in process (aiayn/evaluate/lm_eval.py): its table of
+    scores, and with ``--output`` the results as JSON."""
+    import json
+
+    from lm_eval.utils import make_table
+
+    from aiayn.evaluate.lm_eval import AiaynLM, evaluate_tasks
+    from aiayn.models import DecoderLM
+
+    if not isinstance(model, DecoderLM):
+        raise ValueError(
+            f"--lm-eval scores language models; {args.checkpoint} holds a {type(model).__name__}"
+        )
+    lm = AiaynLM(model, tokenizer, batch_size=args.batch_size)  # type: ignore[arg-type]
+    tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
+    results = evaluate_tasks(lm, tasks, include_path=args.include_path, limit=args.limit)
+    print(make_table(results))
+    if args.output:
+        responses = {
+            task: [s["filtered_resps"] for s in sorted(samples, key=lambda s: s["doc_id"])]
+            for task, samples in results.get("samples", {}).items()
+        }
+        out = {"checkpoint": args.checkpoint, "tasks": tasks, "results": results["results"]}
+        text = json.dumps({**out, "responses": responses}, indent=2, default=str) + "\n"
+        tmp = Path(args.output).with_name(Path(args.output).name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.output)  # whole or not at all
     return 0
 
 
@@ -275,6 +308,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", default=None, help="... and its reference translations")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--output", default=None, help="write the translations to this file")
+    p.add_argument(
+        "--lm-eval",
+        default=None,
+        metavar="TASKS",
+        help="score lm-evaluation-harness's tasks (comma-separated) in process; --limit and"
+        " --output (JSON) apply",
+    )
+    p.add_argument(
+        "--include-path", default=None, help="a folder of lm-eval task YAMLs (with --lm-eval)"
+    )
     _add_decoding(p)
     _add_device(p)
     _add_precision(p)

@@ -2,18 +2,21 @@
 (tests/data/lm_eval/) -- a log-likelihood multiple choice, a rolling perplexity and a
 generation until a stop string -- scored through ``local-completions`` (token-id prompts in
 batches, ``echo``, ``logprobs``, the server's own tokenizer through ``/tokenize``), and by
-lm-eval's own ``hf`` model on the same GPT-2 folder with transformers.  The scores agree:
+lm-eval's own ``hf`` model on the same GPT-2 folder with transformers, and in process by
+``aiayn evaluate --lm-eval`` (aiayn/evaluate/lm_eval.py).  The scores agree:
 accuracy and exact match equal, perplexities within 1e-4 relative (fp32 sums of the same
 log-probabilities, computed by two implementations)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from aiayn.checkpoint import load
+from aiayn.cli import main
 from aiayn.interop.generation_config import generation_of
 from aiayn.serve.app import create_app
 from tests.conftest import chat_folder
@@ -94,3 +97,13 @@ def test_local_completions_against_aiayn_serve_equals_lm_evals_hf_model(
         got, want = served_scores["aiayn_ppl"][metric], hf_scores["aiayn_ppl"][metric]
         assert got == pytest.approx(want, rel=1e-4), metric
     assert served_texts == hf_texts and any(served_texts)
+    # The same tasks in process, through the command line and the model class it registers.
+    out = folder.parent / "scores.json"
+    argv = ["evaluate", "--checkpoint", str(folder), "--lm-eval", ",".join(TASKS)]
+    assert main([*argv, "--include-path", "tests/data/lm_eval", "--output", str(out)]) == 0
+    here = json.loads(out.read_text())
+    assert here["results"]["aiayn_mc"]["acc,none"] == served_scores["aiayn_mc"]["acc"]
+    for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        got = here["results"]["aiayn_ppl"][f"{metric},none"]
+        assert got == pytest.approx(served_scores["aiayn_ppl"][metric], rel=1e-4), metric
+    assert [r[0] for r in here["responses"]["aiayn_gen"]] == served_texts
