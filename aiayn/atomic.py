@@ -78,6 +78,21 @@ def write_manifest(folder: Path) -> None:
     (folder / MANIFEST_FILE).write_text(json.dumps({"format": 1, "files": files}, indent=1))
 
 
+def inside(folder: Path, name: object, where: str) -> Path:
+    """``folder / name`` for a file name read from a file (``where`` names it), refused with a
+    ValueError unless it is a relative path that stays inside ``folder``: no absolute path, no
+    ``..``, no symbolic link that leads out."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: {name!r} is not a file name")
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise ValueError(f"{where}: {name!r} is not a file inside {folder}")
+    path = folder / relative
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(f"{where}: {name!r} leads out of {folder} (a symbolic link)")
+    return path
+
+
 def verify_manifest(folder: Path) -> None:
     """Raise ValueError naming the first file that is missing, truncated or altered.  A folder
     without a manifest (written by an older aiayn) is accepted as it is."""
@@ -101,7 +116,7 @@ def verify_manifest(folder: Path) -> None:
             f' "sha256": HEX}}}}}}'
         )
     for name, meta in files.items():
-        f = folder / name
+        f = inside(folder, name, str(path))
         if not f.is_file():
             raise ValueError(f"checkpoint file {f} is missing (listed in {MANIFEST_FILE})")
         size = f.stat().st_size
@@ -144,9 +159,12 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
 
 
-def recover(target: Path) -> None:
-    """Undo what a crash may have left beside ``target``: temporary folders are removed; a
-    replaced folder renamed aside is put back if ``target`` itself is missing."""
+def recover(target: Path, *, remove: bool = True) -> None:
+    """Undo what a crash may have left beside ``target``: a replaced folder renamed aside is
+    put back if ``target`` itself is missing, and, with ``remove``, temporary folders and older
+    replaced copies are deleted.  Only a writer removes (it alone knows that no one else is
+    writing there: aiayn/checkpoint/run_lock.py); a reader passes ``remove=False``, so that
+    loading a checkpoint never deletes the folder a live writer is filling."""
     parent = target.parent
     if not parent.is_dir():
         return
@@ -154,6 +172,8 @@ def recover(target: Path) -> None:
     if not target.exists() and olds:
         os.replace(olds[-1], target)
         olds = olds[:-1]
+    if not remove:
+        return
     for stale in [*olds, *parent.glob(f".{target.name}{TMP_MARK}*")]:
         shutil.rmtree(stale, ignore_errors=True)
 

@@ -29,6 +29,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from aiayn.atomic import inside
+
 METADATA_FILE = ".metadata"
 
 # (module, name) of every class a DCP .metadata file is made of (torch 2.5 to 2.13).
@@ -84,12 +86,16 @@ def read_metadata(folder: Path) -> Metadata:
 
 
 class MetadataReader(FileSystemReader):
-    """DCP's file-system reader, with ``.metadata`` read by :func:`read_metadata`."""
+    """DCP's file-system reader, with ``.metadata`` read by :func:`read_metadata`, and every
+    shard file it names confined to the folder (no ``..``, no absolute path)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise ValueError("per-rank DCP metadata files are not read: aiayn writes one")
-        metadata = read_metadata(Path(self.path))
+        folder = Path(self.path)
+        metadata = read_metadata(folder)
+        for item in (metadata.storage_data or {}).values():  # each shard file it reads
+            inside(folder, getattr(item, "relative_path", None), str(folder / METADATA_FILE))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]

@@ -50,9 +50,10 @@ def save(model: TransformerModel, directory: str | os.PathLike[str]) -> Path:
 
 
 def checked_folder(directory: str | os.PathLike[str], what: str = "saved model") -> Path:
-    """``directory`` as a Path, after crash recovery and the manifest check."""
+    """``directory`` as a Path, after the manifest check; a folder a crash left renamed aside
+    is put back, and nothing is deleted (a writer may be filling its temporary neighbours)."""
     path = Path(directory)
-    recover(path)
+    recover(path, remove=False)
     if not path.is_dir():
         raise ValueError(f"no {what} at {path}: not a folder")
     verify_manifest(path)

@@ -148,7 +148,8 @@ class RunDir:
         """Repair what a kill may have left: adopt a checkpoint folder of the old layout,
         remove temporary folders and links, put back a folder renamed aside while it was being
         replaced, point ``checkpoint`` at the newest complete checkpoint and delete older
-        ones.  Returns what was done, for the log."""
+        ones.  Returns what was done, for the log.  Call it holding the folder's writer lock
+        (aiayn/checkpoint/run_lock.py): it deletes what another writer would be filling."""
         done: list[str] = []
         if not self.root.is_dir():
             return done

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from aiayn.atomic import inside
+
 # torch.distributed.checkpoint is imported by the functions that use it: it costs more than a
 # second at start-up, and a command that loads a plain checkpoint never needs it.
 
@@ -79,7 +81,8 @@ def check_shards_present(folder: Path) -> None:
 
     shards = folder / SHARDED_DIR
     names = {item.relative_path for item in read_metadata(shards).storage_data.values()}
-    missing = sorted(n for n in names if not (shards / n).is_file())
+    where = str(shards / ".metadata")
+    missing = sorted(n for n in names if not inside(shards, n, where).is_file())
     if missing:
         raise OSError(
             f"shard file(s) {missing} were not written to {shards}: every process must write"

@@ -24,6 +24,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.checkpoint import RunDir, read_run
+    from aiayn.checkpoint.run_lock import writer_lock
     from aiayn.cli.loading import _device, _load_translator, _print_result
     from aiayn.data.parallel import multi30k
     from aiayn.device import matmul_gflops
@@ -39,7 +40,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     overrides = _train_overrides(args)
     run = load_run_config(args.config, overrides)
     rd = RunDir(args.out)
-    rd.recover()
+    with writer_lock(rd.root):  # a repair deletes what a live writer would still be filling
+        rd.recover()
     latest = rd.latest()
     wanted = run.to_dict()
     done = read_run(latest) if latest is not None else {}

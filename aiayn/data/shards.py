@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aiayn.atomic import MANIFEST_FILE
+from aiayn.atomic import MANIFEST_FILE, inside
 
 FORMAT = "aiayn-shards"
 VERSION = 1
@@ -121,11 +121,16 @@ class Sequences:
         return cls(np.asarray(flat, dtype=dtype), offsets)
 
     @classmethod
-    def open(cls, folder: Path, split: str, side: str, dtype: np.dtype[Any]) -> Sequences:
+    def open(
+        cls, folder: Path, split: str, side: str, dtype: np.dtype[Any], vocab_size: int
+    ) -> Sequences:
+        """The mapped split, its offsets and ids checked (:func:`check_offsets`,
+        :func:`check_ids`) before anything reads them."""
         tokens = Mapped(folder / bin_name(split, side), dtype)
         offsets = Mapped(folder / idx_name(split, side), np.dtype(np.int64))
-        seqs = cls(tokens.array, offsets.array, (tokens, offsets))
-        return seqs
+        check_offsets(offsets, len(tokens.array))
+        check_ids(tokens, vocab_size)
+        return cls(tokens.array, offsets.array, (tokens, offsets))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -198,8 +203,10 @@ class ParallelSplit:
 
 
 def read_header(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """The header of a shards folder, checked: the format, the version, and every file the
-    manifest lists present at its size (the full SHA-256 check is :func:`verify`)."""
+    """The header of a shards folder, checked: the format, the version, the kind, the token
+    dtype, the vocabulary size and the splits, and every file the manifest lists inside the
+    folder and present at its size (the full SHA-256 check is :func:`verify`).  A folder from
+    elsewhere that is wrong in any of them is a ValueError naming the file and the field."""
     folder = Path(folder)
     path = folder / HEADER_FILE
     if not path.is_file():
@@ -208,24 +215,97 @@ def read_header(folder: str | os.PathLike[str]) -> dict[str, Any]:
             " aiayn preprocess"
         )
     try:
-        header: dict[str, Any] = json.loads(path.read_text())
-    except ValueError as err:
+        header = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"corrupt shards header {path}: {err}") from err
+    if not isinstance(header, dict):
+        raise ValueError(f"corrupt shards header {path}: expected a JSON object")
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise ValueError(
             f"{path} is not aiayn shards of version {VERSION} (format"
             f" {header.get('format')!r}, version {header.get('version')!r}): make them again"
             " with aiayn preprocess"
         )
-    manifest = folder / MANIFEST_FILE
-    if manifest.is_file():
-        for name, meta in json.loads(manifest.read_text())["files"].items():
-            f = folder / name
-            if not f.is_file() or f.stat().st_size != meta["size"]:
-                raise ValueError(
-                    f"shard file {f} is missing or truncated (expected {meta['size']} bytes)"
-                )
+    _check_header(header, path)
+    _check_manifest_sizes(folder)
     return header
+
+
+def _check_header(header: dict[str, Any], path: Path) -> None:
+    """The fields reading relies on, each of the kind and in the range it must be."""
+    expected = {
+        "kind": ("'parallel' or 'text'", header.get("kind") in ("parallel", "text")),
+        "dtype": ("'uint16' or 'uint32'", header.get("dtype") in ("uint16", "uint32")),
+        "vocab_size": ("a positive integer", _positive_int(header.get("vocab_size"))),
+    }
+    if header.get("kind") == "parallel":
+        splits = header.get("splits")
+        fine = isinstance(splits, list | dict) and set(splits) <= set(SPLITS) and bool(splits)
+        expected["splits"] = (f"some of {list(SPLITS)}", fine)
+    for field, (want, fine) in expected.items():
+        if not fine:
+            raise ValueError(f"{path}: {field} = {header.get(field)!r}; expected {want}")
+    if np.dtype(header["dtype"]) != token_dtype(header["vocab_size"]):
+        raise ValueError(
+            f"{path}: dtype = {header['dtype']!r} does not hold a vocabulary of"
+            f" {header['vocab_size']} (expected {token_dtype(header['vocab_size'])})"
+        )
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_manifest_sizes(folder: Path) -> None:
+    manifest = folder / MANIFEST_FILE
+    if not manifest.is_file():
+        return
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        entries = [(name, int(meta["size"])) for name, meta in files.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"corrupt manifest {manifest}: {err}") from err
+    for name, size in entries:
+        f = inside(folder, name, str(manifest))
+        if not f.is_file() or f.stat().st_size != size:
+            raise ValueError(f"shard file {f} is missing or truncated (expected {size} bytes)")
+
+
+def check_ids(mapped: Mapped, vocab_size: int, chunk: int = 1 << 24) -> None:
+    """Every id of ``mapped`` below ``vocab_size``: read in chunks, its pages then released
+    (an id past the embedding table would fail deep inside training, or index out of it)."""
+    ids = mapped.array
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        if int(part.max()) >= vocab_size:
+            at = start + int(np.argmax(part >= vocab_size))
+            raise ValueError(
+                f"{mapped.path}: token {at} has id {int(ids[at])}; expected ids below the"
+                f" header's vocab_size={vocab_size}"
+            )
+    mapped.release()
+
+
+def check_offsets(mapped: Mapped, tokens: int, chunk: int = 1 << 24) -> None:
+    """N + 1 offsets that start at 0, never decrease and end at the token count."""
+    offsets = mapped.array
+    if len(offsets) == 0 or int(offsets[0]) != 0 or int(offsets[-1]) != tokens:
+        first = int(offsets[0]) if len(offsets) else None
+        last = int(offsets[-1]) if len(offsets) else None
+        raise ValueError(
+            f"{mapped.path}: offsets run from {first} to {last}; expected 0 to the token"
+            f" count, {tokens}"
+        )
+    for start in range(0, len(offsets) - 1, chunk):
+        part = offsets[start : start + chunk + 1]
+        falls = np.flatnonzero(np.diff(part) < 0)
+        if len(falls):
+            i = start + int(falls[0])
+            raise ValueError(
+                f"{mapped.path}: offset {i + 1} ({int(offsets[i + 1])}) is below offset {i}"
+                f" ({int(offsets[i])}); expected offsets that never decrease"
+            )
+    mapped.release()
 
 
 def verify(folder: str | os.PathLike[str]) -> None:
@@ -243,9 +323,9 @@ def open_parallel(
     header = read_header(folder)
     if header["kind"] != "parallel":
         raise ValueError(f"{folder} holds {header['kind']!r} shards, not parallel text")
-    dtype = np.dtype(header["dtype"])
+    dtype, vocab = np.dtype(header["dtype"]), header["vocab_size"]
     splits = {
-        split: ParallelSplit(*(Sequences.open(folder, split, side, dtype) for side in SIDES))
+        split: ParallelSplit(*(Sequences.open(folder, split, side, dtype, vocab) for side in SIDES))
         for split in header["splits"]
     }
     return header, splits
@@ -257,4 +337,6 @@ def open_text(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], Mapped]:
     header = read_header(folder)
     if header["kind"] != "text":
         raise ValueError(f"{folder} holds {header['kind']!r} shards, not a text stream")
-    return header, Mapped(folder / TEXT_FILE, np.dtype(header["dtype"]))
+    stream = Mapped(folder / TEXT_FILE, np.dtype(header["dtype"]))
+    check_ids(stream, header["vocab_size"])
+    return header, stream

@@ -28,7 +28,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from aiayn.checkpoint.run_dir import RunDir, TrainState
+from aiayn.checkpoint.run_lock import writer_lock
 from aiayn.checkpoint.sharded import load_sharded
 from aiayn.config import ModelConfig, differing_fields
 from aiayn.data.tokenizer import Tokenizer
@@ -460,7 +461,9 @@ def train_run(
             f"model.quantization={run.model.quantization!r}: int8 weights are for decoding and"
             " do not train; train (or fine-tune) the fp32 model, then aiayn convert --quantize"
         )
-    with _threads(run.train.threads):
+    rank, _ = world_info()
+    held = writer_lock(out_dir) if rank == 0 else nullcontext()
+    with _threads(run.train.threads), held:  # one writer per run folder, rank 0 for all
         rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
         state: TrainState | None = None
         if resumed is not None:

@@ -1,0 +1,137 @@
+"""Token shards from elsewhere are checked when they are opened: a header with a field of the
+wrong kind, offsets that fall or overrun, an id past the vocabulary, a file cut short, a
+manifest that names a file outside the folder -- each is a ValueError that names the file and
+what is wrong, before training reads a token.  Each attack is on a copy of real shards (made
+by ``aiayn preprocess``), its manifest removed, as someone handing over a folder would."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aiayn.atomic import MANIFEST_FILE, verify_manifest
+from aiayn.data import shards
+from aiayn.data.preprocess import PairFiles, preprocess_parallel
+
+LINES = [
+    ("ein hund läuft", "a dog runs"),
+    ("zwei katzen schlafen", "two cats sleep"),
+    ("ein mann liest ein buch", "a man reads a book"),
+    ("der ball ist rot", "the ball is red"),
+]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("shards")
+    for name in ("t", "v"):
+        (tmp / f"{name}.de").write_text("\n".join(s for s, _ in LINES * 3) + "\n")
+        (tmp / f"{name}.en").write_text("\n".join(t for _, t in LINES * 3) + "\n")
+    out = tmp / "shards"
+    preprocess_parallel([PairFiles(tmp / "t.de", tmp / "t.en")],
+                        [PairFiles(tmp / "v.de", tmp / "v.en")], out, vocab_size=300,
+                        max_len=64, workers=1, chunk=100, log=lambda _: None)  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def copy(made: Path, tmp_path: Path) -> Path:
+    """A copy of the real shards without their manifest (which would name most changes)."""
+    folder = tmp_path / "copy"
+    shutil.copytree(made, folder)
+    (folder / MANIFEST_FILE).unlink()
+    return folder
+
+
+def edit_header(folder: Path, **fields: object) -> None:
+    path = folder / shards.HEADER_FILE
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def edit_array(path: Path, dtype: type, change: Callable[[np.ndarray], None]) -> None:
+    values = np.fromfile(path, dtype=dtype)
+    change(values)
+    values.tofile(path)
+
+
+def test_real_shards_open(made: Path) -> None:
+    header, splits = shards.open_parallel(made)
+    assert len(splits["train"].source) == 12 and header["vocab_size"] > 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kind": 5}, "kind = 5; expected 'parallel' or 'text'"),
+        ({"dtype": "object"}, "dtype = 'object'; expected 'uint16' or 'uint32'"),
+        ({"vocab_size": "300"}, "vocab_size = '300'; expected a positive integer"),
+        ({"vocab_size": 70000}, "does not hold a vocabulary of 70000"),
+        ({"splits": ["train", "../x"]}, "splits = ['train', '../x']; expected some of"),
+    ],
+)
+def test_a_header_field_of_the_wrong_kind_is_named(
+    copy: Path, fields: dict[str, object], message: str
+) -> None:
+    edit_header(copy, **fields)
+    with pytest.raises(ValueError, match="header.json: ") as err:
+        shards.open_parallel(copy)
+    assert message in str(err.value)
+
+
+def test_offsets_that_fall_are_named(copy: Path) -> None:
+    def swap(offsets: np.ndarray) -> None:
+        offsets[2], offsets[3] = offsets[3], offsets[2]
+
+    edit_array(copy / shards.idx_name("train", "source"), np.int64, swap)
+    with pytest.raises(ValueError, match=r"train.source.idx: offset 3 \(\d+\) is below offset 2"):
+        shards.open_parallel(copy)
+
+
+def test_offsets_that_overrun_the_tokens_are_named(copy: Path) -> None:
+    def overrun(offsets: np.ndarray) -> None:
+        offsets[-1] += 5
+
+    edit_array(copy / shards.idx_name("valid", "target"), np.int64, overrun)
+    with pytest.raises(ValueError, match=r"valid.target.idx: offsets run from 0 to \d+; expected"):
+        shards.open_parallel(copy)
+
+
+def test_a_token_file_cut_short_is_named(copy: Path) -> None:
+    path = copy / shards.bin_name("train", "target")
+    path.write_bytes(path.read_bytes()[:-4])  # two uint16 ids
+    with pytest.raises(ValueError, match="train.target.idx: offsets run from 0 to"):
+        shards.open_parallel(copy)
+
+
+def test_an_id_past_the_vocabulary_is_named(copy: Path) -> None:
+    vocab = json.loads((copy / shards.HEADER_FILE).read_text())["vocab_size"]
+
+    def poison(ids: np.ndarray) -> None:
+        ids[7] = vocab
+
+    edit_array(copy / shards.bin_name("train", "source"), np.uint16, poison)
+    with pytest.raises(ValueError, match=f"train.source.bin: token 7 has id {vocab}; expected"):
+        shards.open_parallel(copy)
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/hostname", "link.bin"])
+def test_a_manifest_names_only_files_inside_the_folder(
+    made: Path, tmp_path: Path, name: str
+) -> None:
+    folder = tmp_path / "copy"
+    shutil.copytree(made, folder)
+    (tmp_path / "outside.bin").write_bytes(b"12")
+    (folder / "link.bin").symlink_to(tmp_path / "outside.bin")
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    manifest["files"][name] = {"size": 2, "sha256": "0" * 64}
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+    for read in (shards.open_parallel, verify_manifest):
+        with pytest.raises(
+            ValueError, match="manifest.json: .* (is not a file inside|leads out of)"
+        ):
+            read(folder)
