@@ -16,6 +16,10 @@ Four servers, each a process of its own on 127.0.0.1, all started before the fir
   ``generate`` with its KV cache, one request at a time, streaming through a ``BaseStreamer``;
   the weights are the same (aiayn.interop.hf).
 
+``--baseline REF`` adds a fifth: ``aiayn serve`` as it was at git REF (``git archive``, run
+with ``PYTHONPATH`` ahead of the installed package), and each server's tokens/s over it -- how
+a change moved the server's speed, measured in the same rounds.
+
 For each server and concurrency C, a client keeps C streaming requests in flight until 64 are
 done, from a fixed mixed set: prompts of 8-128 characters of Tiny Shakespeare (or fixed
 text without the data), 32-128 new tokens, greedy.  Every server sees the same requests in the
@@ -279,9 +283,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(kind: str, checkpoint: Path, threads: int) -> tuple[subprocess.Popen, str]:
+def export_tree(ref: str, into: Path) -> Path:
+    """The ``aiayn`` package as it was at git ``ref`` (``git archive``), under ``into``: a
+    baseline server runs it with ``PYTHONPATH`` ahead of the installed one."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "aiayn"],
+                             capture_output=True, check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def start(
+    kind: str, checkpoint: Path, threads: int, baseline: Path | None = None
+) -> tuple[subprocess.Popen, str]:
+    """A server of ``kind``: "hf", "aiayn" (":ROWS"), "aiayn-unbatched", or "baseline" (aiayn
+    serve from the tree ``baseline``)."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if kind == "baseline":
+        assert baseline is not None, "--baseline REF names the tree"
+        env["PYTHONPATH"] = str(baseline)
     if kind == "hf":
         cmd = [sys.executable, __file__, "--hf-server", str(checkpoint), "--port", str(port)]
     else:
@@ -321,6 +342,7 @@ def ratios(runs: dict[str, list[dict[str, Any]]], rounds: int) -> dict[str, dict
         c = key.split("@")[1]
         pairs = {"x_unbatched": (f"aiayn-unbatched@{c}", "tok_s", "tok_s"),
                  "x_hf": (f"hf@{c}", "tok_s", "tok_s"),
+                 "x_baseline": (f"baseline@{c}", "tok_s", "tok_s"),
                  "p99_tpot_over_lone": ("aiayn@1", "tpot_p99_ms", "tpot_p50_ms")}  # fmt: skip
         out[key] = {}
         for name, (peer, mine, theirs) in pairs.items():
@@ -340,6 +362,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--data", default=None)
     ap.add_argument("--json", default=str(RESULTS))
+    ap.add_argument("--baseline", default=None, metavar="REF",
+                    help="also serve aiayn as it was at git REF (server 'baseline'): tokens/s of"
+                    " each server over it, within each round")  # fmt: skip
     ap.add_argument("--in-process", action="store_true",
                     help="the engine in-process, without HTTP: ragged attention, attention padded"
                     " to the longest row, and a bf16 KV cache (JSON: serve_in_process.json)")  # fmt: skip
@@ -374,9 +399,13 @@ def main() -> int:
         if args.in_process:
             return in_process(args, checkpoint, requests, rates)
         servers: dict[str, tuple[subprocess.Popen, str]] = {}
+        baseline = None
+        if args.baseline:
+            baseline = export_tree(args.baseline, Path(tmp) / "baseline")
+            args.servers = [*args.servers, "baseline"]
         try:
             for kind in args.servers:
-                servers[kind] = start(kind, checkpoint, args.threads)
+                servers[kind] = start(kind, checkpoint, args.threads, baseline)
                 asyncio.run(load(servers[kind][1], requests[:4], 2))  # warm-up
             for r in range(args.rounds):
                 shift = r % len(args.servers)
@@ -402,17 +431,17 @@ def main() -> int:
                for key, got in runs.items()}  # fmt: skip
     print(f"\nmedians over {args.rounds} rounds (min-max); ratios taken within each round")
     print(f"{'server':>16} {'C':>3} {'tok/s':>17} {'× unbatched':>17} {'× hf':>17} "
-          f"{'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>16} {'p99 TPOT / lone':>17}")  # fmt: skip
+          f"{'× baseline':>19} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>16} {'p99 TPOT / lone':>17}")  # fmt: skip
     nan = {"median": float("nan"), "min": float("nan"), "max": float("nan")}
     for key, row in results.items():
         kind, c = key.split("@")
         print(f"{kind:>16} {c:>3} {cell(row['tok_s']):>17} {cell(row.get('x_unbatched', nan), '.2f'):>17}"
-              f" {cell(row.get('x_hf', nan), '.2f'):>17}"
+              f" {cell(row.get('x_hf', nan), '.2f'):>17} {cell(row.get('x_baseline', nan), '.3f'):>19}"
               f" {row['ttft_p50_ms']['median']:8.1f}/{row['ttft_p99_ms']['median']:8.1f}"
               f" {row['tpot_p50_ms']['median']:7.2f}/{row['tpot_p99_ms']['median']:7.2f}"
               f" {cell(row.get('p99_tpot_over_lone', nan), '.2f'):>17}")  # fmt: skip
     out = {"host": rates, "threads": args.threads, "shape": SHAPE, "requests": args.requests,
-           "rounds": args.rounds, "results": results}  # fmt: skip
+           "rounds": args.rounds, "baseline": args.baseline, "results": results}  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json}")

@@ -199,3 +199,57 @@ def test_the_openai_client_reads_logprobs_echo_n_and_seed() -> None:
     assert all(len(top) == 5 for top in lp.top_logprobs[1:] if top is not None)
     assert [c.text for c in drawn.choices] == [c.text for c in again.choices]
     assert len(drawn.choices) == 3
+
+
+def test_96_concurrent_mixed_requests_each_equal_offline() -> None:
+    """96 requests at once, 16 decoding together: plain greedy ones, ones with logprobs and
+    echo, batches of two prompts, n=2 seeded draws.  Every reply equals its offline
+    counterpart, whatever else shared its steps (fp32; the log-probabilities to the derived
+    tolerance)."""
+    m, tok = lm_and_tokenizer()
+    sampling = SamplingConfig(temperature=1.0)
+    words = ["the", "a lazy", "quick brown", "dog", "fox jumps", "over the"]
+
+    def body(i: int) -> dict[str, Any]:
+        prompt, new = words[i % 6], 4 + i % 5
+        kinds = [
+            {"prompt": prompt, "max_tokens": new, "temperature": 0},
+            {"prompt": prompt, "max_tokens": new, "temperature": 0, "logprobs": 2, "echo": True},
+            {"prompt": [prompt, words[(i + 1) % 6]], "max_tokens": new, "temperature": 0},
+            {"prompt": prompt, "max_tokens": new, "n": 2, "seed": i, "temperature": 1.0},
+        ]
+        return kinds[i % 4]
+
+    def check(i: int, got: dict[str, Any]) -> None:
+        b = body(i)
+        prompts = b["prompt"] if isinstance(b["prompt"], list) else [b["prompt"]]
+        texts = [ch["text"] for ch in got["choices"]]
+        if "seed" in b:
+            want = [generate(m, [tok.encode(prompts[0])], max_new_tokens=b["max_tokens"],
+                             sampling=sampling, seed=i + j)[0] for j in range(2)]  # fmt: skip
+            assert texts == [tok.decode(w) for w in want], i
+            return
+        want = [generate(m, [tok.encode(p)], max_new_tokens=b["max_tokens"], sampling=GREEDY)[0]
+                for p in prompts]  # fmt: skip
+        echo = prompts[0] if b.get("echo") else ""
+        assert texts == [echo + tok.decode(w) for w in want], i
+        if b.get("logprobs") is not None:
+            ids = [*tok.encode(prompts[0]), *want[0]]
+            ref, logits = offline_logprobs(m, ids)
+            lp = torch.tensor(got["choices"][0]["logprobs"]["token_logprobs"][1:])
+            torch.testing.assert_close(lp, ref, atol=tolerance(torch.float32, logits), rtol=0)
+
+    with served(create_app(m, tok, name="tiny", max_batch=16, max_queue=128)) as url:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import httpx2 as httpx
+
+        def post(i: int) -> dict[str, Any]:
+            r = httpx.post(f"{url}/v1/completions", json=body(i), timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        with ThreadPoolExecutor(96) as pool:
+            answers = list(pool.map(post, range(96)))
+    for i, got in enumerate(answers):
+        check(i, got)
