@@ -199,9 +199,12 @@ def _initial_model(init_from: str, settings: dict[str, Any], where: Path) -> Mod
     from aiayn.checkpoint.loader import read_model_config
 
     folder = Path(init_from)
-    if not folder.is_dir():
+    if not init_from or not folder.is_dir():
         raise ValueError(f"[model] init_from = {init_from!r} in {where}: no such folder")
-    base = read_model_config(folder)
+    try:
+        base = read_model_config(folder)
+    except ValueError as err:
+        raise ValueError(f"[model] init_from = {init_from!r} in {where}: {err}") from err
     contradict = [
         f"{key} = {value!r} ({init_from} has {base.value(key)!r})"
         for key, value in settings.items()

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aiayn.atomic import MANIFEST_FILE, verify_manifest
 from aiayn.data import shards
@@ -135,3 +138,36 @@ def test_a_manifest_names_only_files_inside_the_folder(
             ValueError, match="manifest.json: .* (is not a file inside|leads out of)"
         ):
             read(folder)
+
+
+HEADER_KEYS = ("format", "version", "kind", "dtype", "vocab_size", "splits", "counts")
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    fields=st.dictionaries(st.sampled_from(HEADER_KEYS) | st.text(max_size=6), JSON, max_size=6),
+    valid_start=st.booleans(),
+)
+@settings(suppress_health_check=list(HealthCheck))
+def test_any_header_is_read_or_named(
+    made: Path, fields: dict[str, object], valid_start: bool
+) -> None:
+    """Whatever ``header.json`` holds -- the real one with fields replaced, or any object --
+    opening the folder gives its splits or a ValueError naming ``header.json`` (or the file the
+    header's values made it read)."""
+    base = json.loads((made / shards.HEADER_FILE).read_text()) if valid_start else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "s"
+        shutil.copytree(made, folder)
+        (folder / MANIFEST_FILE).unlink()
+        (folder / shards.HEADER_FILE).write_text(json.dumps({**base, **fields}))
+        try:
+            shards.open_parallel(folder)
+        except ValueError as err:
+            assert str(folder) in str(err), err
