@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model as read_weights
 from safetensors.torch import save_model
 
-from aiayn.atomic import recover, verify_manifest, write_atomically
+from aiayn.atomic import OLD_MARK, recover, verify_manifest, write_atomically
 from aiayn.checkpoint.sharded import is_sharded_checkpoint, load_model_weights
 from aiayn.config import ModelConfig
 from aiayn.models import TransformerModel, build_model
@@ -49,10 +49,37 @@ def save(model: TransformerModel, directory: str | os.PathLike[str]) -> Path:
     return write_atomically(Path(directory), lambda tmp: write_model(model, tmp))
 
 
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def _replacing(path: Path) -> int | None:
+    """The process id of a live writer that has renamed ``path`` aside (``.NAME.old-PID``,
+    where the system cannot exchange two folders: aiayn/atomic.py) and is about to rename the
+    new folder into place; None when there is none.  This process's own copies do not count:
+    a replace in this process has ended (or failed) by the time it reads."""
+    for old in path.parent.glob(f".{path.name}{OLD_MARK}*"):
+        pid = old.name.rpartition(OLD_MARK)[2]
+        if pid.isdigit() and int(pid) != os.getpid() and _running(int(pid)):
+            return int(pid)
+    return None
+
+
 def checked_folder(directory: str | os.PathLike[str], what: str = "saved model") -> Path:
-    """``directory`` as a Path, after the manifest check; a folder a crash left renamed aside
-    is put back, and nothing is deleted (a writer may be filling its temporary neighbours)."""
+    """``directory`` as a Path, after the manifest check.  A reader deletes nothing (a writer
+    may be filling its temporary neighbours), and puts back a folder renamed aside only when
+    the process that renamed it is gone: a crash left it there, not a replace under way
+    (aiayn/checkpoint/run_lock.py)."""
     path = Path(directory)
+    if not path.exists() and (writer := _replacing(path)) is not None:
+        raise ValueError(f"{path} is being replaced by process {writer}: try again in a moment")
     recover(path, remove=False)
     if not path.is_dir():
         raise ValueError(f"no {what} at {path}: not a folder")

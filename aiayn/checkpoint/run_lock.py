@@ -2,12 +2,26 @@
 
 Two processes writing one run folder would corrupt it: each one's recovery
 (:meth:`aiayn.checkpoint.run_dir.RunDir.recover`) deletes the other's temporary folders, and
-their checkpoints replace each other's.  So a run holds ``RUN/.lock`` with ``fcntl.flock``
-(exclusive, non-blocking) from before it repairs the folder until it ends; a second writer
-gets :class:`RunFolderLocked`, naming the holder's process id, which the holder writes into the
-file.  The kernel releases the lock when the holder's process ends, however it ends: a run
-that was killed leaves no stale lock behind.  Readers -- generate, serve, evaluate, a
-checkpoint's load -- never take it and never delete anything (aiayn/checkpoint/model.py).
+their checkpoints replace each other's.  The rule:
+
+* **Writers** hold ``RUN/.lock`` with ``fcntl.flock`` (exclusive, non-blocking) from before
+  they repair the folder until the run ends, however it ends (:func:`writer_lock`; the training
+  loop's ``train_run``, and ``aiayn demo`` around its repair).  A second writer gets
+  :class:`RunFolderLocked` at once, naming the folder and the holder's process id and host,
+  which the holder writes into the file; ``aiayn`` turns it into one line and exit status 2.
+  Only a writer holding the lock calls ``RunDir.recover``, which deletes temporary files.
+* **Several processes** (torchrun): rank 0 holds the lock for them all -- it alone writes the
+  shared files, and the other ranks write their shards only into a temporary folder that rank
+  0 made under the lock; when rank 0 is refused, every rank fails with its error.
+* **Readers** -- generate, serve, evaluate, inspect, any checkpoint's load -- never take the
+  lock and never delete anything.  They put back a folder renamed aside (where the system
+  cannot exchange two folders in one step, aiayn/atomic.py) only when the process named in
+  its ``.NAME.old-PID`` is gone, so a reader never undoes a live writer's replace
+  (aiayn/checkpoint/model.py).
+
+The kernel releases the lock when the holder's process ends, however it ends: a run that was
+killed leaves no stale lock behind, only a stale process id in the file, which the next holder
+overwrites.
 """
 
 from __future__ import annotations

@@ -24,11 +24,12 @@ any number of processes.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -461,9 +462,7 @@ def train_run(
             f"model.quantization={run.model.quantization!r}: int8 weights are for decoding and"
             " do not train; train (or fine-tune) the fp32 model, then aiayn convert --quantize"
         )
-    rank, _ = world_info()
-    held = writer_lock(out_dir) if rank == 0 else nullcontext()
-    with _threads(run.train.threads), held:  # one writer per run folder, rank 0 for all
+    with _threads(run.train.threads), _one_writer(out_dir):
         rd, resumed = open_run(run.train, out_dir, resume=resume, overwrite=overwrite)
         state: TrainState | None = None
         if resumed is not None:
@@ -494,6 +493,36 @@ def train_run(
             progress=progress,
         )
         return result, task
+
+
+@contextmanager
+def _one_writer(out_dir: str | Path) -> Iterator[None]:
+    """The run folder's writer lock for the block (aiayn/checkpoint/run_lock.py), held by rank
+    0, which writes the files every rank shares.  Every rank learns whether rank 0 got it: a
+    refused run fails on every rank, naming the holder, instead of leaving the other ranks
+    waiting for rank 0 at the next barrier."""
+    rank, world = world_info()
+    with ExitStack() as held:
+        refusal: list[Exception | None] = [None]
+        if rank == 0:
+            try:
+                held.enter_context(writer_lock(out_dir))
+            except (ValueError, OSError) as err:  # RunFolderLocked, or no lock file to open
+                refusal[0] = err
+        if world > 1:
+            dist.broadcast_object_list(refusal, src=0, device=_staging_device())
+        if refusal[0] is not None:
+            raise refusal[0]
+        yield
+
+
+def _staging_device() -> torch.device | None:
+    """Where an object collective stages its bytes before ``fit`` has given this process its
+    GPU: with NCCL this rank's own, the one torchrun's LOCAL_RANK names (as ``local_device``
+    does; two ranks on one GPU fail); with gloo, the CPU (None)."""
+    if dist.get_backend() == dist.Backend.NCCL:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return None
 
 
 @contextmanager
