@@ -78,17 +78,24 @@ def write_manifest(folder: Path) -> None:
     (folder / MANIFEST_FILE).write_text(json.dumps({"format": 1, "files": files}, indent=1))
 
 
-def inside(folder: Path, name: object, where: str) -> Path:
+def inside(folder: Path, name: object, where: str, *, flat: bool = False) -> Path:
     """``folder / name`` for a file name read from a file (``where`` names it), refused with a
     ValueError unless it is a relative path that stays inside ``folder``: no absolute path, no
-    ``..``, no symbolic link that leads out."""
-    if not isinstance(name, str) or not name:
+    ``..``, no symbolic link that leads out (or loops).  With ``flat``, a plain name: no
+    subfolder either."""
+    if not isinstance(name, str) or not name or "\x00" in name:
         raise ValueError(f"{where}: {name!r} is not a file name")
     relative = Path(name)
     if relative.is_absolute() or ".." in relative.parts:
         raise ValueError(f"{where}: {name!r} is not a file inside {folder}")
+    if flat and relative.parts != (name,):
+        raise ValueError(f"{where}: {name!r} is not a plain file name in {folder}")
     path = folder / relative
-    if not path.resolve().is_relative_to(folder.resolve()):
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as err:  # a symbolic link that loops
+        raise ValueError(f"{where}: {name!r} cannot be resolved in {folder}: {err}") from err
+    if not resolved.is_relative_to(folder.resolve()):
         raise ValueError(f"{where}: {name!r} leads out of {folder} (a symbolic link)")
     return path
 

@@ -287,8 +287,9 @@ def export_tree(ref: str, into: Path) -> Path:
     """The ``aiayn`` package as it was at git ``ref`` (``git archive``), under ``into``: a
     baseline server runs it with ``PYTHONPATH`` ahead of the installed one."""
     into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "aiayn"],
-                             capture_output=True, check=True).stdout  # fmt: skip
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "aiayn"], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 
@@ -362,9 +363,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--data", default=None)
     ap.add_argument("--json", default=str(RESULTS))
-    ap.add_argument("--baseline", default=None, metavar="REF",
-                    help="also serve aiayn as it was at git REF (server 'baseline'): tokens/s of"
-                    " each server over it, within each round")  # fmt: skip
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="REF",
+        help="also serve aiayn as it was at git REF (server 'baseline'): tokens/s of"
+        " each server over it, within each round",
+    )
     ap.add_argument("--in-process", action="store_true",
                     help="the engine in-process, without HTTP: ragged attention, attention padded"
                     " to the longest row, and a bf16 KV cache (JSON: serve_in_process.json)")  # fmt: skip
@@ -430,8 +435,10 @@ def main() -> int:
                      **{name: spread(v) for name, v in within[key].items()}}
                for key, got in runs.items()}  # fmt: skip
     print(f"\nmedians over {args.rounds} rounds (min-max); ratios taken within each round")
-    print(f"{'server':>16} {'C':>3} {'tok/s':>17} {'× unbatched':>17} {'× hf':>17} "
-          f"{'× baseline':>19} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>16} {'p99 TPOT / lone':>17}")  # fmt: skip
+    print(
+        f"{'server':>16} {'C':>3} {'tok/s':>17} {'× unbatched':>17} {'× hf':>17} "
+        f"{'× baseline':>19} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>16} {'p99 TPOT / lone':>17}"
+    )
     nan = {"median": float("nan"), "min": float("nan"), "max": float("nan")}
     for key, row in results.items():
         kind, c = key.split("@")
@@ -440,8 +447,15 @@ def main() -> int:
               f" {row['ttft_p50_ms']['median']:8.1f}/{row['ttft_p99_ms']['median']:8.1f}"
               f" {row['tpot_p50_ms']['median']:7.2f}/{row['tpot_p99_ms']['median']:7.2f}"
               f" {cell(row.get('p99_tpot_over_lone', nan), '.2f'):>17}")  # fmt: skip
-    out = {"host": rates, "threads": args.threads, "shape": SHAPE, "requests": args.requests,
-           "rounds": args.rounds, "baseline": args.baseline, "results": results}  # fmt: skip
+    out = {
+        "host": rates,
+        "threads": args.threads,
+        "shape": SHAPE,
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "baseline": args.baseline,
+        "results": results,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json}")

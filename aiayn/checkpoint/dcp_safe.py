@@ -85,17 +85,30 @@ def read_metadata(folder: Path) -> Metadata:
     return metadata
 
 
+def shard_files(folder: Path, metadata: Metadata) -> list[Path]:
+    """The shard files ``metadata`` names (its items' ``relative_path``), each a plain file name
+    inside ``folder``: ``..``, an absolute path, a subfolder or a symbolic link out of it is a
+    ValueError naming ``.metadata`` and the name."""
+    storage = metadata.storage_data
+    if storage is None:
+        return []
+    where = str(folder / METADATA_FILE)
+    if not isinstance(storage, dict):
+        raise ValueError(f"{where}: storage_data is a {type(storage).__name__}; expected a dict")
+    names = {getattr(item, "relative_path", None) for item in storage.values()}
+    return [inside(folder, name, where, flat=True) for name in sorted(names, key=repr)]
+
+
 class MetadataReader(FileSystemReader):
     """DCP's file-system reader, with ``.metadata`` read by :func:`read_metadata`, and every
-    shard file it names confined to the folder (no ``..``, no absolute path)."""
+    shard file it names a plain file name inside the folder (:func:`shard_files`)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise ValueError("per-rank DCP metadata files are not read: aiayn writes one")
         folder = Path(self.path)
         metadata = read_metadata(folder)
-        for item in (metadata.storage_data or {}).values():  # each shard file it reads
-            inside(folder, getattr(item, "relative_path", None), str(folder / METADATA_FILE))
+        shard_files(folder, metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]

@@ -31,8 +31,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from aiayn.atomic import inside
-
 # torch.distributed.checkpoint is imported by the functions that use it: it costs more than a
 # second at start-up, and a command that loads a plain checkpoint never needs it.
 
@@ -76,13 +74,12 @@ def save_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
 
 def check_shards_present(folder: Path) -> None:
     """Raise OSError unless every shard file DCP's metadata names is in ``folder/dcp`` -- on
-    machines that do not share the run folder, another node's shard would be missing."""
-    from aiayn.checkpoint.dcp_safe import read_metadata
+    machines that do not share the run folder, another node's shard would be missing -- and
+    ValueError for a name that is not a plain file name inside it (:func:`shard_files`)."""
+    from aiayn.checkpoint.dcp_safe import read_metadata, shard_files
 
     shards = folder / SHARDED_DIR
-    names = {item.relative_path for item in read_metadata(shards).storage_data.values()}
-    where = str(shards / ".metadata")
-    missing = sorted(n for n in names if not inside(shards, n, where).is_file())
+    missing = [p.name for p in shard_files(shards, read_metadata(shards)) if not p.is_file()]
     if missing:
         raise OSError(
             f"shard file(s) {missing} were not written to {shards}: every process must write"

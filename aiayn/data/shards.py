@@ -30,10 +30,10 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -74,7 +74,10 @@ class Mapped:
         self.path, self.dtype = path, dtype
         size = path.stat().st_size
         if size % dtype.itemsize:
-            raise ValueError(f"{path} holds {size} bytes, not a whole number of {dtype} values")
+            raise ValueError(
+                f"{path}: size = {size} bytes; expected a whole number of {dtype} values"
+                f" ({dtype.itemsize} bytes each)"
+            )
         self._map: mmap.mmap | None = None
         if size == 0:
             self.array: np.ndarray = np.zeros(0, dtype)
@@ -126,14 +129,19 @@ class Sequences:
     ) -> Sequences:
         """The mapped split, its offsets and ids checked (:func:`check_offsets`,
         :func:`check_ids`) before anything reads them."""
-        tokens = Mapped(folder / bin_name(split, side), dtype)
-        offsets = Mapped(folder / idx_name(split, side), np.dtype(np.int64))
+        tokens = Mapped(shard_file(folder, bin_name(split, side)), dtype)
+        offsets = Mapped(shard_file(folder, idx_name(split, side)), np.dtype(np.int64))
         check_offsets(offsets, len(tokens.array))
         check_ids(tokens, vocab_size)
         return cls(tokens.array, offsets.array, (tokens, offsets))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    @property
+    def where(self) -> str:
+        """The offsets file these sequences were mapped from, or ``"in memory"``."""
+        return str(self.maps[-1].path) if self.maps else "in memory"
 
     def lengths(self, chunk: int = 1 << 20) -> np.ndarray:
         """(N,) sentence lengths from the offsets alone, uint16 where they fit (else int32):
@@ -191,7 +199,8 @@ class ParallelSplit:
     def __post_init__(self) -> None:
         if len(self.source) != len(self.target):
             raise ValueError(
-                f"the split has {len(self.source)} source and {len(self.target)} target sentences"
+                f"{self.target.where}: sentences = {len(self.target)}; expected as many as the"
+                f" source side's {len(self.source)} ({self.source.where})"
             )
 
     def __len__(self) -> int:
@@ -204,7 +213,8 @@ class ParallelSplit:
 
 def read_header(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The header of a shards folder, checked: the format, the version, the kind, the token
-    dtype, the vocabulary size and the splits, and every file the manifest lists inside the
+    dtype, the vocabulary size, the tokenizer's SHA-256 and the splits (each side's longest
+    sentence, which training reads), and every file the manifest lists inside the
     folder and present at its size (the full SHA-256 check is :func:`verify`).  A folder from
     elsewhere that is wrong in any of them is a ValueError naming the file and the field."""
     folder = Path(folder)
@@ -231,21 +241,48 @@ def read_header(folder: str | os.PathLike[str]) -> dict[str, Any]:
     return header
 
 
+class _Missing:
+    """A header field that is not there."""
+
+    def __repr__(self) -> str:
+        return "missing"
+
+
+MISSING = _Missing()
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """A non-negative int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _sha256(value: object) -> bool:
+    """64 lower-case hex digits."""
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+# The header's fields that reading and training rely on: (field, what it must be, the test).
+FIELDS: tuple[tuple[str, str, Callable[[object], bool]], ...] = (
+    ("kind", "'parallel' or 'text'", lambda v: v in ("parallel", "text")),
+    ("dtype", "'uint16' or 'uint32'", lambda v: v in ("uint16", "uint32")),
+    ("vocab_size", "a positive integer", lambda v: _count(v) and v > 0),
+    ("tokenizer_sha256", "a SHA-256 of 64 hex digits", _sha256),
+)
+SPLITS_WANTED = f"an object whose keys are some of {list(SPLITS)}"
+
+
 def _check_header(header: dict[str, Any], path: Path) -> None:
-    """The fields reading relies on, each of the kind and in the range it must be."""
-    expected = {
-        "kind": ("'parallel' or 'text'", header.get("kind") in ("parallel", "text")),
-        "dtype": ("'uint16' or 'uint32'", header.get("dtype") in ("uint16", "uint32")),
-        "vocab_size": ("a positive integer", _positive_int(header.get("vocab_size"))),
-    }
-    if header.get("kind") == "parallel":
-        splits = header.get("splits")
-        names = list(splits) if isinstance(splits, list | dict) else []
-        fine = bool(names) and all(isinstance(n, str) and n in SPLITS for n in names)
-        expected["splits"] = (f"some of {list(SPLITS)}", fine)
-    for field, (want, fine) in expected.items():
-        if not fine:
-            raise ValueError(f"{path}: {field} = {header.get(field)!r}; expected {want}")
+    """The fields reading and training rely on, each present, of the kind and in the range it
+    must be; a ValueError names the first that is not."""
+    problem = next(_header_problems(header), None)
+    if problem is not None:
+        field, value, want = problem
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise ValueError(f"{path}: {field} = {shown}; expected {want}")
     if np.dtype(header["dtype"]) != token_dtype(header["vocab_size"]):
         raise ValueError(
             f"{path}: dtype = {header['dtype']!r} does not hold a vocabulary of"
@@ -253,8 +290,32 @@ def _check_header(header: dict[str, Any], path: Path) -> None:
         )
 
 
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+def _header_problems(header: dict[str, Any]) -> Iterator[tuple[str, object, str]]:
+    """(field, its value, what was expected) for every wrong field, in order."""
+    for field, want, fine in FIELDS:
+        value = header.get(field, MISSING)
+        if value is MISSING or not fine(value):
+            yield field, value, want
+    if header.get("kind") != "parallel":
+        return
+    splits = header.get("splits", MISSING)
+    if not isinstance(splits, dict) or not splits or not all(n in SPLITS for n in splits):
+        yield "splits", splits, SPLITS_WANTED
+        return
+    for split, info in splits.items():
+        for side in SIDES:
+            longest = _field(info, side, "longest")
+            if not _count(longest):
+                yield f"splits.{split}.{side}.longest", longest, "a non-negative integer"
+
+
+def _field(value: object, *keys: str) -> object:
+    """``value[k1][k2]...``, or :data:`MISSING` where one is not an object with that key."""
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return MISSING
+        value = value[key]
+    return value
 
 
 def _check_manifest_sizes(folder: Path) -> None:
@@ -270,6 +331,18 @@ def _check_manifest_sizes(folder: Path) -> None:
         f = inside(folder, name, str(manifest))
         if not f.is_file() or f.stat().st_size != size:
             raise ValueError(f"shard file {f} is missing or truncated (expected {size} bytes)")
+
+
+def shard_file(folder: Path, name: str) -> Path:
+    """``folder / name``, a regular file inside ``folder`` (no symbolic link out of it, no
+    device or pipe); else a ValueError naming it."""
+    path = inside(folder, name, str(folder / HEADER_FILE))
+    if not path.is_file():
+        raise ValueError(
+            f"{path}: missing (or not a regular file); expected the shard file the header's"
+            " kind and splits call for"
+        )
+    return path
 
 
 def check_ids(mapped: Mapped, vocab_size: int, chunk: int = 1 << 24) -> None:
@@ -338,6 +411,6 @@ def open_text(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], Mapped]:
     header = read_header(folder)
     if header["kind"] != "text":
         raise ValueError(f"{folder} holds {header['kind']!r} shards, not a text stream")
-    stream = Mapped(folder / TEXT_FILE, np.dtype(header["dtype"]))
+    stream = Mapped(shard_file(folder, TEXT_FILE), np.dtype(header["dtype"]))
     check_ids(stream, header["vocab_size"])
     return header, stream

@@ -38,7 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from aiayn.atomic import write_atomically
+from aiayn.atomic import inside, write_atomically
 from aiayn.checkpoint.bundle import Bundle, save_bundle
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
@@ -62,9 +62,12 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as err:
+        except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"corrupt index {index}: {err}") from err
-        files = {name: folder / file for name, file in weight_map.items()}
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"corrupt index {index}: weight_map is not an object")
+        where = f"{index} (weight_map)"
+        files = {name: inside(folder, file, where) for name, file in weight_map.items()}
         missing = sorted({str(p.name) for p in files.values() if not p.is_file()})
         if missing:
             raise ValueError(f"{index} names shard(s) that are missing: {missing}")

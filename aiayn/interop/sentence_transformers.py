@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiayn.atomic import inside
 from aiayn.interop.json_files import read_json, read_json_object
 
 # The modes sentence-transformers knows, in the order it concatenates them when a folder
@@ -89,10 +90,14 @@ def read_pooling(directory: str | os.PathLike[str]) -> Pooling:
             f"{modules_path} should hold a list of modules, not {type(modules).__name__}"
         )
     types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
-    pooling = next((m for m in modules if m.get("type") == _POOLING_TYPE), None)
+    pooling = next(
+        (m for m in modules if isinstance(m, dict) and m.get("type") == _POOLING_TYPE), None
+    )
     if pooling is None:
         raise ValueError(f"{modules_path} has no {_POOLING_TYPE} module: aiayn cannot pool it")
-    config_path = folder / str(pooling.get("path", "")) / "config.json"
+    module = pooling.get("path", "")  # a subfolder of the model's folder
+    name = f"{module}/config.json" if module else "config.json"
+    config_path = inside(folder, name, f"{modules_path} ({_POOLING_TYPE} path)")
     config = read_json_object(config_path)
     modes = _modes(config, config_path)
     settings: dict[str, Any] = {}

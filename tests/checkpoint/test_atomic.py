@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +38,63 @@ def test_a_malformed_manifest_is_named_corrupt(tmp_path: Path, manifest: str) ->
     (target / atomic.MANIFEST_FILE).write_text(manifest)
     with pytest.raises(ValueError, match="corrupt manifest .*expected"):
         atomic.verify_manifest(target)
+
+
+def hostile_manifest(tmp_path: Path, name: str) -> Path:
+    """A committed folder whose manifest also lists ``name``, said to hold the two bytes of
+    ``outside.txt`` beside the folder; ``link.txt`` in it leads there, ``loop.txt`` to itself."""
+    target = tmp_path / "m"
+    atomic.write_atomically(target, fill_with("one"))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("12")
+    (target / "link.txt").symlink_to(outside)
+    (target / "loop.txt").symlink_to(target / "loop.txt")
+    path = target / atomic.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["files"][name] = {"size": 2, "sha256": atomic.sha256_file(outside)}
+    path.write_text(json.dumps(manifest))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("../outside.txt", "is not a file inside"),
+        ("sub/../../outside.txt", "is not a file inside"),
+        ("ABSOLUTE", "is not a file inside"),
+        ("link.txt", r"leads out of .* \(a symbolic link\)"),
+        ("loop.txt", "cannot be resolved in"),
+        ("a\x00.txt", "is not a file name"),
+    ],
+)
+def test_a_manifest_naming_a_file_outside_the_folder_is_refused(
+    tmp_path: Path, name: str, why: str
+) -> None:
+    """Each name, unchecked, would read (and vouch for) a file outside the folder -- or, the
+    loop, raise a RuntimeError from deep inside pathlib."""
+    name = str(tmp_path / "outside.txt") if name == "ABSOLUTE" else name
+    target = hostile_manifest(tmp_path, name)
+    with pytest.raises(ValueError, match=f"m/manifest.json: {re.escape(repr(name))} {why}"):
+        atomic.verify_manifest(target)
+
+
+def test_a_manifest_naming_a_file_inside_through_a_link_is_read(tmp_path: Path) -> None:
+    """A link that stays inside the folder is no escape: it is checked like any file."""
+    target = tmp_path / "m"
+    atomic.write_atomically(target, fill_with("one"))
+    (target / "same.txt").symlink_to(target / "a.txt")
+    path = target / atomic.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["files"]["same.txt"] = manifest["files"]["a.txt"]
+    path.write_text(json.dumps(manifest))
+    atomic.verify_manifest(target)
+
+
+@pytest.mark.parametrize("name", ["sub/a.txt", "./a.txt", "a.txt/"])
+def test_flat_names_have_no_folder_part(tmp_path: Path, name: str) -> None:
+    assert atomic.inside(tmp_path, name, "where") == tmp_path / name
+    with pytest.raises(ValueError, match="where: .* is not a plain file name in"):
+        atomic.inside(tmp_path, name, "where", flat=True)
 
 
 def test_without_exchange_a_kill_between_the_renames_is_undone(

@@ -5,9 +5,11 @@ resumes (tests/train/test_faults.py resumes them, optimizer state included)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 import aiayn
 from aiayn.checkpoint.dcp_safe import Planner, read_metadata
+from aiayn.checkpoint.sharded import check_shards_present
 from aiayn.cli import main
 from tests.conftest import LM_TEXT, LM_TOML
 
@@ -158,3 +161,36 @@ def _saved(value: object) -> bytes:
     out = io.BytesIO()
     torch.save(value, out)
     return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("../outside.distcp", "is not a file inside"),
+        ("ABSOLUTE", "is not a file inside"),
+        ("sub/__0_0.distcp", "is not a plain file name in"),
+        ("link.distcp", r"leads out of .* \(a symbolic link\)"),
+    ],
+)
+def test_a_shard_file_outside_dcp_is_refused(
+    sharded: Path, tmp_path: Path, name: str, why: str
+) -> None:
+    """Metadata whose items name a shard file outside ``dcp/`` (its manifest deleted): the
+    presence check and loading refuse the name before any file is opened."""
+    copy = tmp_path / "copy"
+    shutil.copytree(sharded, copy)
+    (copy / "manifest.json").unlink()
+    shards = copy / "dcp"
+    outside = tmp_path / "outside.distcp"
+    shutil.copy(next(shards.glob("*.distcp")), outside)
+    (shards / "link.distcp").symlink_to(outside)
+    name = str(outside) if name == "ABSOLUTE" else name
+    metadata = read_metadata(shards)
+    for key, item in metadata.storage_data.items():
+        metadata.storage_data[key] = dataclasses.replace(item, relative_path=name)
+    (shards / ".metadata").write_bytes(pickle.dumps(metadata))
+    refused = f"dcp/.metadata: {re.escape(repr(name))} {why}"
+    with pytest.raises(ValueError, match=refused):
+        check_shards_present(copy)
+    with pytest.raises(ValueError, match=refused):
+        aiayn.load(copy)

@@ -5,6 +5,7 @@ them; a mismatched folder is named, never half-loaded."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,35 @@ def test_mismatched_folders_are_named(tmp_path: Path) -> None:
         load_hf_folder(tmp_path / "hf")
     with pytest.raises(ValueError, match="no config.json"):
         load_hf_folder(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("../outside.safetensors", "is not a file inside"),
+        ("ABSOLUTE", "is not a file inside"),
+        ("link.safetensors", r"leads out of .* \(a symbolic link\)"),
+    ],
+)
+def test_an_index_naming_a_shard_outside_the_folder_is_refused(
+    tmp_path: Path, name: str, why: str
+) -> None:
+    """``weight_map`` names, unchecked, would read a real shard copied outside the folder."""
+    folder = tmp_path / "hf"
+    hf_model("Llama").save_pretrained(folder, max_shard_size="40KB")
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = next(iter(index["weight_map"].values()))
+    outside = tmp_path / "outside.safetensors"
+    (folder / shard).rename(outside)
+    (folder / "link.safetensors").symlink_to(outside)
+    name = str(outside) if name == "ABSOLUTE" else name
+    index["weight_map"] = {k: name if v == shard else v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(
+        ValueError, match=f"index.json \\(weight_map\\): {re.escape(repr(name))} {why}"
+    ):
+        load_hf_folder(folder)
 
 
 def test_convert_a_folder_with_its_tokenizer_and_generate_as_hf_does(

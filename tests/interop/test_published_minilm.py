@@ -11,6 +11,7 @@ value comes from independent code: ``sentence-transformers`` itself, transformer
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -144,3 +145,22 @@ def test_bad_pooling_folders_are_named(tmp_path: Path) -> None:
         read_pooling(tmp_path)
     with pytest.raises(ValueError, match="'median' is not one of"):
         Pooling(("median",))
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [("../outside", "is not a file inside"), ("link", r"leads out of .* \(a symbolic link\)")],
+)
+def test_a_pooling_path_outside_the_folder_is_refused(tmp_path: Path, path: str, why: str) -> None:
+    """``modules.json`` naming a pooling folder outside the model's folder, where a readable
+    ``config.json`` waits: refused, not read."""
+    folder, outside = tmp_path / "model", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps({"pooling_mode": "cls"}))
+    (folder / "link").symlink_to(outside)
+    pooling = {"type": "sentence_transformers.models.Pooling", "path": path}
+    (folder / "modules.json").write_text(json.dumps([pooling]))
+    name = re.escape(repr(f"{path}/config.json"))
+    with pytest.raises(ValueError, match=f"modules.json \\(.*Pooling path\\): {name} {why}"):
+        read_pooling(folder)

@@ -35,15 +35,22 @@ def lm() -> tuple[TransformerModel, BPETokenizer]:
     """A 1-layer model with a byte-level BPE tokenizer: any text a fuzzer draws is a prompt."""
     tok = BPETokenizer.from_lines([TEXT] * 4, vocab_size=300)
     torch.manual_seed(0)
-    m = aiayn.build_model("gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=32,
-                          vocab_size=tok.vocab_size, max_len=32, dropout=0.0)  # fmt: skip
+    m = aiayn.build_model(
+        "gpt2-small",
+        n_layers=1,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        vocab_size=tok.vocab_size,
+        max_len=32,
+        dropout=0.0,
+    )
     return m.eval(), tok
 
 
 # The served model, and whether a key is required and sent: with the key sent, every route is
 # reached; without it, every request must get its documented 401.
 SERVERS = {
-    "lm": ("lm", None),
     "lm-key-sent": ("lm", KEY),
     "lm-key-missing": ("lm", None),
     "mt": ("mt", None),
@@ -109,6 +116,6 @@ def test_a_wrong_method_names_the_allowed_ones() -> None:
     """A 405 carries ``Allow`` (RFC 9110), the error handler keeping the exception's headers."""
     from fastapi.testclient import TestClient
 
-    with TestClient(app_of("lm")) as client:
+    with TestClient(app_of("lm-key-missing")) as client:
         r = client.request("TRACE", "/health")
     assert r.status_code == 405 and r.headers["allow"] == "GET"

@@ -162,8 +162,16 @@ def test_a_translation_stops_within_one_step_when_its_client_leaves() -> None:
 def encoder_app() -> Iterator[tuple[Any, EncoderLM]]:
     tok = CharTokenizer.from_text("abcdefgh ")
     torch.manual_seed(0)
-    m = aiayn.build_model("bert-base", n_layers=1, d_model=32, n_heads=4, d_ff=64,
-                          vocab_size=tok.vocab_size, max_len=16, dropout=0.0)  # fmt: skip
+    m = aiayn.build_model(
+        "bert-base",
+        n_layers=1,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        vocab_size=tok.vocab_size,
+        max_len=16,
+        dropout=0.0,
+    )
     assert isinstance(m, EncoderLM)
     yield create_app(m.eval(), tok, name="enc", max_queue=1), m
 

@@ -140,8 +140,9 @@ def test_best_of_keeps_the_draw_of_highest_log_probability() -> None:
 
 
 @torch.no_grad()
-def penalised_greedy(m: DecoderLM, ids: list[int], n: int, presence: float, frequency: float,
-                     bias: dict[int, float]) -> list[int]:  # fmt: skip
+def penalised_greedy(
+    m: DecoderLM, ids: list[int], n: int, presence: float, frequency: float, bias: dict[int, float]
+) -> list[int]:
     """OpenAI's formula, written out: logits - presence * (count > 0) - frequency * count +
     bias, over the tokens generated so far, then the argmax (one full pass a token)."""
     made: list[int] = []
@@ -161,14 +162,20 @@ def test_penalties_and_logit_bias_shape_what_is_sampled() -> None:
     space = tok.encode(" ")[0]
     with TestClient(create_app(m, tok, name="tiny")) as c:
         for presence, frequency, bias in ((1.5, 0.0, {}), (0.0, 2.0, {}), (0.5, 0.5, {space: 3.0})):
-            body = {"prompt": "the ", "max_tokens": 12, "temperature": 0,
-                    "presence_penalty": presence, "frequency_penalty": frequency,
-                    "logit_bias": {str(k): v for k, v in bias.items()}}  # fmt: skip
+            body = {
+                "prompt": "the ",
+                "max_tokens": 12,
+                "temperature": 0,
+                "presence_penalty": presence,
+                "frequency_penalty": frequency,
+                "logit_bias": {str(k): v for k, v in bias.items()},
+            }
             got = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
             want = penalised_greedy(m, ids, 12, presence, frequency, bias)
             assert got == tok.decode(want), (presence, frequency, bias)
-        plain = c.post("/v1/completions", json={"prompt": "the ", "max_tokens": 12,
-                                                "temperature": 0}).json()  # fmt: skip
+        plain = c.post(
+            "/v1/completions", json={"prompt": "the ", "max_tokens": 12, "temperature": 0}
+        ).json()
     assert plain["choices"][0]["text"] != tok.decode(penalised_greedy(m, ids, 12, 0, 2.0, {}))
 
 
@@ -189,8 +196,9 @@ def test_the_openai_client_reads_logprobs_echo_n_and_seed() -> None:
     m, tok = lm_and_tokenizer()
     with served(create_app(m, tok, name="tiny")) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
-        scored = client.completions.create(model="tiny", prompt="the lazy", max_tokens=4,
-                                           logprobs=5, echo=True, temperature=0)  # fmt: skip
+        scored = client.completions.create(
+            model="tiny", prompt="the lazy", max_tokens=4, logprobs=5, echo=True, temperature=0
+        )
         drawn = client.completions.create(model="tiny", prompt="a", max_tokens=6, n=3, seed=7)
         again = client.completions.create(model="tiny", prompt="a", max_tokens=6, n=3, seed=7)
     lp = scored.choices[0].logprobs
@@ -225,12 +233,22 @@ def test_96_concurrent_mixed_requests_each_equal_offline() -> None:
         prompts = b["prompt"] if isinstance(b["prompt"], list) else [b["prompt"]]
         texts = [ch["text"] for ch in got["choices"]]
         if "seed" in b:
-            want = [generate(m, [tok.encode(prompts[0])], max_new_tokens=b["max_tokens"],
-                             sampling=sampling, seed=i + j)[0] for j in range(2)]  # fmt: skip
+            want = [
+                generate(
+                    m,
+                    [tok.encode(prompts[0])],
+                    max_new_tokens=b["max_tokens"],
+                    sampling=sampling,
+                    seed=i + j,
+                )[0]
+                for j in range(2)
+            ]
             assert texts == [tok.decode(w) for w in want], i
             return
-        want = [generate(m, [tok.encode(p)], max_new_tokens=b["max_tokens"], sampling=GREEDY)[0]
-                for p in prompts]  # fmt: skip
+        want = [
+            generate(m, [tok.encode(p)], max_new_tokens=b["max_tokens"], sampling=GREEDY)[0]
+            for p in prompts
+        ]
         echo = prompts[0] if b.get("echo") else ""
         assert texts == [echo + tok.decode(w) for w in want], i
         if b.get("logprobs") is not None:

@@ -122,9 +122,13 @@ def test_chat_logprobs_and_n_equal_transformers(chat_url: str, chat_dir: Path) -
     two each time."""
     client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
     got = client.chat.completions.create(
-        model="tiny-chat", messages=MESSAGES, max_tokens=5, temperature=0,  # type: ignore[arg-type]
-        logprobs=True, top_logprobs=3,
-    )  # fmt: skip
+        model="tiny-chat",
+        messages=MESSAGES,
+        max_tokens=5,
+        temperature=0,  # type: ignore[arg-type]
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = got.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == 5
     assert "".join(t.token for t in content) == got.choices[0].message.content
@@ -133,9 +137,13 @@ def test_chat_logprobs_and_n_equal_transformers(chat_url: str, chat_dir: Path) -
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     model = transformers.GPT2LMHeadModel.from_pretrained(chat_dir).eval()
     out = model.generate(
-        torch.tensor([ids]), max_new_tokens=5, do_sample=False, pad_token_id=0,
-        output_logits=True, return_dict_in_generate=True,
-    )  # fmt: skip
+        torch.tensor([ids]),
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     reply = out.sequences[0, len(ids) :].tolist()
     assert tok.decode(reply) == got.choices[0].message.content
     for token, logits, entry in zip(reply, out.logits, content, strict=True):
