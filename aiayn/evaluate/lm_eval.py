@@ -150,14 +150,25 @@ def _cut(text: str, until: Sequence[str]) -> str:
     return text[: min(ends)] if ends else text
 
 
+def _task_manager(include_path: str | None, tasks: list[str]) -> Any:
+    """lm-eval's task index: only ``include_path``'s tasks when they are all there (indexing
+    lm-eval's thousands of built-in tasks takes about 9 s), else those and the built-in ones."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None:
+        local = TaskManager(include_path=include_path, include_defaults=False)
+        if set(tasks) <= set(local.all_tasks):
+            return local
+    return TaskManager(include_path=include_path)
+
+
 def evaluate_tasks(
     model: AiaynLM, tasks: list[str], *, include_path: str | None = None, limit: int | None = None
 ) -> dict[str, Any]:
     """lm-eval's results for ``tasks`` (its task names, and those of ``include_path``)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path)
+    manager = _task_manager(include_path, tasks)
     results = lm_eval.simple_evaluate(
         model=model, tasks=tasks, task_manager=manager, limit=limit, log_samples=True
     )

@@ -40,7 +40,8 @@ def evaluate(
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(ROOT / "tests" / "data" / "lm_eval"))
+    local = str(ROOT / "tests" / "data" / "lm_eval")
+    manager = TaskManager(include_path=local, include_defaults=False)  # ours alone: 9 s less
     out = lm_eval.simple_evaluate(
         model=model,
         model_args=model_args,
