@@ -481,21 +481,6 @@ def from_hf_llama(hf_model: Any) -> DecoderLM:
     return llama_from_hf(hf_model, LLAMA)
 
 
-def from_hf_mistral(hf_model: Any) -> DecoderLM:
-    """A ``MistralForCausalLM`` (Llama with a sliding window) as a :class:`DecoderLM`."""
-    return llama_from_hf(hf_model, MISTRAL)
-
-
-def from_hf_qwen2(hf_model: Any) -> DecoderLM:
-    """A ``Qwen2ForCausalLM`` (Llama with q, k, v biases) as a :class:`DecoderLM`."""
-    return llama_from_hf(hf_model, QWEN2)
-
-
-def from_hf_mixtral(hf_model: Any) -> DecoderLM:
-    """A ``MixtralForCausalLM`` (Mistral with a mixture of experts) as a :class:`DecoderLM`."""
-    return llama_from_hf(hf_model, MIXTRAL)
-
-
 def to_hf_llama(model: DecoderLM, *, attn_implementation: str | None = None) -> Any:
     """A ``LlamaForCausalLM`` with ``model``'s weights (its config must be Llama shaped)."""
     return llama_to_hf(model, LLAMA, attn_implementation)
