@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export AIAYN_DATA ?= $(abspath ../shared/data)
 
-.PHONY: setup setup-dev setup-browser demo test lint docs fmt check-style check-types check-docs check-tests
+.PHONY: setup setup-dev setup-browser demo test test-fast lint typecheck docs fmt check-style check-types check-docs check-tests
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,13 @@ demo: setup
 	$(BIN)/aiayn demo
 
 lint: setup-dev check-style check-types
+
+typecheck: setup-dev check-types
+
+# The tests without the end-to-end ones that take seconds each (@pytest.mark.slow: training,
+# installing, serving over sockets, fuzzing): for the edit-test loop.  make test runs them all.
+test-fast: setup-dev
+	$(BIN)/python -m pytest -q -n logical --maxprocesses=4 -m "not slow"
 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or a missing page.
 docs: setup-dev check-docs

@@ -16,6 +16,8 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from aiayn.extras import EXTRAS, advice
 from tests.conftest import TRANSLATION_TOML, write_corpus
 
@@ -58,6 +60,7 @@ def run_core(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_core_trains_and_translates_without_extras(tmp_path: Path) -> None:
     write_corpus(tmp_path / "data")
     (tmp_path / "run.toml").write_text(TRANSLATION_TOML + 'linear_kernel = "mkl"\n')
@@ -72,6 +75,7 @@ def test_the_core_trains_and_translates_without_extras(tmp_path: Path) -> None:
     assert "LOADED []" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_command_that_needs_an_extra_names_it(tmp_path: Path) -> None:
     for argv, extra in (
         (["serve", "--checkpoint", "x"], "serve"),

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TRANSLATION_TOML, write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +57,7 @@ def link_torch(venv: Path) -> None:
     (site / "torch-links.pth").write_text(f"{links}\n")
 
 
+@pytest.mark.slow
 def test_the_core_installs_alone_and_trains_and_translates(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     made = run([sys.executable, "-m", "venv", str(venv)], tmp_path)

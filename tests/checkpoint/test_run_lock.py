@@ -142,6 +142,7 @@ def test_a_held_lock_names_its_holder(tmp_path: Path) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_every_rank_fails_when_rank_0_is_refused(tmp_path: Path) -> None:
     """Without the answer from rank 0, rank 1 would go on into the run (and wait for rank 0
     at the run's first barrier)."""

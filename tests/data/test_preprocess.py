@@ -28,6 +28,7 @@ def multi30k_pairs(data: Path, split: str) -> PairFiles:
     return PairFiles(m / f"{split}.de.gz", m / f"{split}.en.gz")
 
 
+@pytest.mark.slow
 def test_multi30k_shards_hold_what_training_from_the_files_encodes(
     data_root: Path, tmp_path: Path
 ) -> None:
@@ -168,6 +169,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "clean"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("step", "k"), [("part-written", 3), ("files-written", 1),
                                          ("files-synced", 1)])  # fmt: skip
 def test_a_killed_run_resumes_and_leaves_no_half_written_folder(
@@ -219,6 +221,7 @@ def test_another_input_starts_the_work_again(tmp_path: Path) -> None:
                             vocab_size=300, max_len=64, workers=1, log=logs.append)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_language_model_text_in_chunks_encodes_as_the_whole_text(
     data_root: Path, tmp_path: Path
 ) -> None:

@@ -145,6 +145,7 @@ def test_chrf_is_the_character_f2_score_counted_by_hand() -> None:
     assert score(PUNCT_HYPS, PUNCT_REFS).chrf == pytest.approx(chrf_from_stats(corpus), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_evaluate_prints_what_sacrebleu_gives_for_its_hypotheses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

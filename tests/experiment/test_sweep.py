@@ -52,6 +52,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "data", tmp_path / "sweep.toml"
 
 
+@pytest.mark.slow
 def test_sweep_runs_resumes_and_reports(setup: tuple[Path, Path], tmp_path: Path) -> None:
     data, path = setup
     sweep = load_sweep(path)
@@ -179,6 +180,7 @@ set = { "model.n_layers" = 3, "model.d_model" = 48, "model.d_ff" = 96 }
 """
 
 
+@pytest.mark.slow
 def test_language_model_sweep_fits_power_laws(tmp_path: Path) -> None:
     """A decoder-only sweep: scored by validation loss, FLOPs from the fixed batch shape, and
     a scaling report whose power laws are the least-squares lines of the log-log points."""
@@ -215,6 +217,7 @@ def test_language_model_sweep_fits_power_laws(tmp_path: Path) -> None:
     assert "| val loss |" in (tmp_path / "out" / "table.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_changed_sweep_or_a_run_killed_before_its_checkpoint(
     setup: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -270,6 +273,7 @@ def test_a_run_saved_before_a_setting_existed_is_the_same_run(
         _check_same_config(out / "runs" / "base", sweep.run_config(sweep.variants[0]), "base")
 
 
+@pytest.mark.slow
 def test_a_killed_invocation_counts_up_to_its_last_checkpoint(
     setup: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -295,6 +299,7 @@ def test_a_killed_invocation_counts_up_to_its_last_checkpoint(
     assert not (folder / OPEN_FILE).exists()
 
 
+@pytest.mark.slow
 def test_only_runs_the_named_variants_and_report_only_trains_nothing(
     setup: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

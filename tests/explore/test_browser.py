@@ -55,6 +55,7 @@ def settle(page) -> None:
     page.wait_for_function("window.explorer.pending === 0", timeout=15_000)
 
 
+@pytest.mark.slow
 def test_typing_a_sentence_draws_one_row_per_token(page):
     page.select_option("#model", "tiny-lm")
     page.fill("#text", "the cat sat")

@@ -106,6 +106,7 @@ def _variants() -> list[ModelConfig]:
     return out
 
 
+@pytest.mark.slow
 def test_parameter_count_matches_built_variants() -> None:
     for config in _variants():
         assert parameter_count(config) == _built(config), config

@@ -41,6 +41,7 @@ def test_heatmap_grid_and_layers_render(tmp_path: Path) -> None:
         figures.attention_heatmap(w[0, 0], list("abc"), cols, tmp_path / "bad.png")
 
 
+@pytest.mark.slow
 def test_attention_maps_decoder_all_modes(tmp_path: Path) -> None:
     text = "the cat sat"
     all_ = attention_maps("gpt2-small", text, tmp_path, overrides=SMALL)

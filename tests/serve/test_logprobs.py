@@ -209,6 +209,7 @@ def test_the_openai_client_reads_logprobs_echo_n_and_seed() -> None:
     assert len(drawn.choices) == 3
 
 
+@pytest.mark.slow
 def test_96_concurrent_mixed_requests_each_equal_offline() -> None:
     """96 requests at once, 16 decoding together: plain greedy ones, ones with logprobs and
     echo, batches of two prompts, n=2 seeded draws.  Every reply equals its offline

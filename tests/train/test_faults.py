@@ -274,6 +274,7 @@ def assert_checkpoint_loads(
     assert code == 0 and "validation loss" in evaluated.out, evaluated.err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fmt", "point"),
     [*[(fmt, p) for fmt in ("full", "sharded") for p in COMMIT_STEPS], ("sharded", "mid-shard")],
@@ -320,6 +321,7 @@ def kill_schedule(seed: int, kills: int) -> list[str]:
     return points
 
 
+@pytest.mark.slow
 def test_sigkill_at_points_drawn_in_advance(setup: tuple[Path, dict[str, torch.Tensor]]) -> None:
     """Killed again and again, each time at a point drawn in advance (a seeded draw, not a
     timer): each kill leaves RUN/checkpoint loadable, and the run resumed by the CLI after the
@@ -335,6 +337,7 @@ def test_sigkill_at_points_drawn_in_advance(setup: tuple[Path, dict[str, torch.T
     assert_same_run(root, out, reference)
 
 
+@pytest.mark.slow
 def test_sigkill_while_training_from_token_shards(
     setup: tuple[Path, dict[str, torch.Tensor]],
 ) -> None:
@@ -361,6 +364,7 @@ def exchange_works(folder: Path) -> bool:
     return atomic.exchange(a, b)
 
 
+@pytest.mark.slow
 def test_sigkill_while_a_snapshot_folder_is_replaced(
     setup: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
@@ -404,6 +408,7 @@ def test_sigkill_while_a_snapshot_folder_is_replaced(
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_ctrl_c_checkpoint_and_exit(
     setup: tuple[Path, dict[str, torch.Tensor]],

@@ -111,6 +111,7 @@ def test_the_language_model_follows_the_configured_schedule(
     assert [h["lr"] for h in result.history] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_compiled_training_matches_eager(setup: tuple[Path, Path]) -> None:
     """``train.compile = true`` trains the same model as eager mode (the causal matmul
     attention, the fused cross-entropy and the checkpoint all go through torch.compile)."""

@@ -62,6 +62,7 @@ def shard_files(folder: Path) -> list[str]:
     return sorted(p.name for p in (folder / "dcp").glob("*.distcp"))
 
 
+@pytest.mark.slow
 def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path, Path]) -> None:
     """Four steps on 2 FSDP processes (torchrun) equal four on one process (with twice the gradient
     accumulation).  The FSDP run's checkpoint is sharded (each rank writes its own file);

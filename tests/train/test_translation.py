@@ -113,6 +113,7 @@ def test_train_resume_average_translate(
     assert "--limit 0: score at least 1 sentence" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_two_torchrun_processes_match_one_process(
     corpus: tuple[Path, Path], tmp_path: Path
 ) -> None:
