@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import settings
+from hypothesis import strategies as st
 
 import aiayn
 
@@ -31,6 +32,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None, database=None)
 settings.register_profile("deep", derandomize=False, max_examples=400, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def json_values(max_leaves: int = 12) -> st.SearchStrategy[object]:
+    """Any JSON value: scalars of every type, and lists and objects of them, nested -- what a
+    parser of files from elsewhere may be handed."""
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+    return st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+        max_leaves=max_leaves,
+    )
+
 
 # Two layers, 32 wide, 4 heads, no dropout: a model every family can be, small enough to run
 # a forward pass in milliseconds, large enough for heads, grouping and caches to matter.

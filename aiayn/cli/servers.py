@@ -141,10 +141,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (KV rows)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (429)")
     p.add_argument(
-        "--context", type=int, default=None,
+        "--context",
+        type=int,
+        default=None,
         help="prompt + completion tokens per request; each KV row holds this many"
         " (default: the model's max_len, at most 4096)",
-    )  # fmt: skip
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="default: context - 1")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: context")
     p.add_argument(

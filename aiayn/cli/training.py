@@ -250,8 +250,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / Path(args.sweep).stem
     if not args.report_only:
         batches = f" of {sweep.max_tokens} tokens" if sweep.max_tokens else ""
-        print(f"{sweep.title}: {len(sweep.variants)} variants, {sweep.steps} steps{batches}"
-              f" each, in {out}")  # fmt: skip
+        print(
+            f"{sweep.title}: {len(sweep.variants)} variants, {sweep.steps} steps{batches}"
+            f" each, in {out}"
+        )
         try:
             run_sweep(sweep, out, data_dir(args.data), only=args.only, progress=not args.quiet)
         except BaseException:

@@ -173,8 +173,9 @@ class Sequences:
             m.release()
 
 
-def padded(rows: Sequence[np.ndarray], pad_id: int, *, prefix: int | None = None,
-           suffix: int | None = None) -> Tensor:  # fmt: skip
+def padded(
+    rows: Sequence[np.ndarray], pad_id: int, *, prefix: int | None = None, suffix: int | None = None
+) -> Tensor:
     """(B, longest) long tensor of ``[prefix] + row + [suffix]``, right-padded."""
     extra = (prefix is not None) + (suffix is not None)
     width = max(len(r) for r in rows) + extra

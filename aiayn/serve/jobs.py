@@ -38,11 +38,6 @@ class JobQueue:
         self._count, self._busy = threading.Lock(), threading.Lock()
         self.stats = collections.Counter[str]()
 
-    @property
-    def waiting(self) -> int:
-        """Jobs admitted and not finished: the one running and those queued (``/metrics``)."""
-        return self.in_flight
-
     def _admit(self) -> None:
         with self._count:
             if self.in_flight > self.max_queue:  # one runs, max_queue wait: this would be one more

@@ -133,9 +133,17 @@ def serve_model(
 
 
 def _worker(
-    model: TransformerModel, tokenizer: Tokenizer, *, max_batch: int, max_queue: int,
-    prefill_chunk: int, batching: bool, context: int, generation: GenerationIds, pooling: Pooling,
-) -> tuple[Engine | None, Translator | None, Embedder | None]:  # fmt: skip
+    model: TransformerModel,
+    tokenizer: Tokenizer,
+    *,
+    max_batch: int,
+    max_queue: int,
+    prefill_chunk: int,
+    batching: bool,
+    context: int,
+    generation: GenerationIds,
+    pooling: Pooling,
+) -> tuple[Engine | None, Translator | None, Embedder | None]:
     """What answers the requests: the generation engine of a decoder-only model, the
     translator of an encoder-decoder, or the embedder of an encoder (the others are None)."""
     if isinstance(model, DecoderLM):

@@ -34,7 +34,7 @@ class Translator:
 
     @property
     def waiting(self) -> int:
-        return self.jobs.waiting
+        return self.jobs.in_flight  # the one running and those queued (/metrics)
 
     async def __call__(self, lines: list[str], beam: int, http: Request | None = None) -> list[str]:
         """The translations of ``lines``; a client that leaves (``http``) stops them."""

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from aiayn.atomic import MANIFEST_FILE, verify_manifest
 from aiayn.data import shards
 from aiayn.data.preprocess import PairFiles, preprocess_parallel, preprocess_text
-from tests.conftest import LM_TEXT, LM_TOML
+from tests.conftest import LM_TEXT, LM_TOML, json_values
 
 LINES = [
     ("ein hund läuft", "a dog runs"),
@@ -277,13 +277,7 @@ def test_text_shards_without_their_tokenizer_digest_stop_at_open(
 
 
 HEADER_KEYS = ("format", "version", "kind", "dtype", "vocab_size", "splits", "counts")
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
+JSON = json_values(max_leaves=8)
 
 
 @given(

@@ -21,16 +21,9 @@ from hypothesis import strategies as st
 from aiayn.interop.chat_template import render_chat
 from aiayn.interop.generation_config import read_generation
 from aiayn.interop.tokenizer_config import SPECIAL_NAMES, read_settings
-from tests.conftest import CHATML
+from tests.conftest import CHATML, json_values
 
-SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
+JSON = json_values()
 
 
 def objects_with(keys: tuple[str, ...]) -> st.SearchStrategy[dict[str, Any]]:

@@ -16,15 +16,14 @@ from typing import Any
 
 import pytest
 import schemathesis
-import torch
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-import aiayn
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.models import TransformerModel
+from tests.conftest import tiny_model
 from tests.serve.test_app import mt_and_tokenizer
 
 KEY = "sk-fuzz-0123456789"
@@ -34,18 +33,8 @@ TEXT = "the quick brown fox jumps over the lazy dog. "
 def lm() -> tuple[TransformerModel, BPETokenizer]:
     """A 1-layer model with a byte-level BPE tokenizer: any text a fuzzer draws is a prompt."""
     tok = BPETokenizer.from_lines([TEXT] * 4, vocab_size=300)
-    torch.manual_seed(0)
-    m = aiayn.build_model(
-        "gpt2-small",
-        n_layers=1,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        vocab_size=tok.vocab_size,
-        max_len=32,
-        dropout=0.0,
-    )
-    return m.eval(), tok
+    small = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32, "max_len": 32}
+    return tiny_model("gpt2-small", vocab_size=tok.vocab_size, **small), tok
 
 
 # The served model, and whether a key is required and sent: with the key sent, every route is

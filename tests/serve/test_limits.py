@@ -19,10 +19,8 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
-import aiayn
 from aiayn.data.tokenizer import CharTokenizer
 from aiayn.generate.cancel import CancelToken
 from aiayn.models import EncoderLM
@@ -31,6 +29,7 @@ from aiayn.serve.engine import QueueFull
 from aiayn.serve.errors import INTERNAL_ERROR
 from aiayn.serve.jobs import JobQueue
 from aiayn.serve.limits import MAX_STOP_CHARS
+from tests.conftest import tiny_model
 from tests.serve.support import served, wait_until
 from tests.serve.test_app import client, lm_and_tokenizer, metrics, mt_and_tokenizer
 
@@ -161,19 +160,9 @@ def test_a_translation_stops_within_one_step_when_its_client_leaves() -> None:
 @pytest.fixture
 def encoder_app() -> Iterator[tuple[Any, EncoderLM]]:
     tok = CharTokenizer.from_text("abcdefgh ")
-    torch.manual_seed(0)
-    m = aiayn.build_model(
-        "bert-base",
-        n_layers=1,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        vocab_size=tok.vocab_size,
-        max_len=16,
-        dropout=0.0,
-    )
+    m = tiny_model("bert-base", n_layers=1, vocab_size=tok.vocab_size, max_len=16)
     assert isinstance(m, EncoderLM)
-    yield create_app(m.eval(), tok, name="enc", max_queue=1), m
+    yield create_app(m, tok, name="enc", max_queue=1), m
 
 
 def test_an_embedding_job_stops_before_its_next_batch_when_its_client_leaves(
