@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     )
+
+# Captured decoding steps (aiayn/generate/captured.py) compile into inductor's disk cache: the
+# tests' own folder, never the user's.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    str(Path(tempfile.gettempdir()) / f"aiayn-tests-inductor-{os.getuid()}"),
+)
 
 # Property tests and fuzzing (hypothesis, schemathesis) draw the same examples on every run:
 # a test's verdict never depends on luck.  HYPOTHESIS_PROFILE=deep draws 400 a test,
@@ -186,14 +194,14 @@ def int8_bits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """The bits of the int8 kernel's activations for the test, 7 and then 8, so that a CPU
     with VNNI also runs what a CPU without it computes (7 bits run correctly everywhere, only
     less precisely).  8 bits are skipped on a CPU without VNNI or AMX, whose 8-bit products
-    saturate.  Read ``cpu_kernels.INT8_ACTIVATION_BITS`` through the module, at run time."""
-    from aiayn.nn import cpu_kernels
+    saturate.  Read ``int8_kernel.INT8_ACTIVATION_BITS`` through the module, at run time."""
+    from aiayn.nn import int8_kernel
 
     bits = int(request.param)
-    if bits == 8 and not cpu_kernels.CPU_HAS_VNNI:
+    if bits == 8 and not int8_kernel.CPU_HAS_VNNI:
         pytest.skip("8-bit int8 activations need VNNI or AMX (without, the products saturate)")
-    monkeypatch.setattr(cpu_kernels, "INT8_ACTIVATION_BITS", bits)
-    monkeypatch.setattr(cpu_kernels, "_REDUCE_RANGE", bits == 7)
+    monkeypatch.setattr(int8_kernel, "INT8_ACTIVATION_BITS", bits)
+    monkeypatch.setattr(int8_kernel, "_REDUCE_RANGE", bits == 7)
     return bits
 
 

@@ -45,8 +45,9 @@ The kernels:
 
 * **int8 weights** (:class:`~aiayn.nn.quantized.Int8Linear`, ``--quantize int8``): fbgemm's
   dynamic int8 product on the layer's own integers and scales, packed once per process
-  (:class:`DecodingInt8Linear`): each call quantizes its activations to 8 bits and multiplies
-  int8 by int8.  Outside a decoding block an int8 layer dequantizes and runs ``F.linear``.
+  (:class:`DecodingInt8Linear`, through the operator of aiayn/nn/int8_kernel.py that a
+  compiled step can hold): each call quantizes its activations to 8 bits and multiplies int8
+  by int8.  Outside a decoding block an int8 layer dequantizes and runs ``F.linear``.
   bf16 weights need nothing here: ``F.linear`` in bf16 runs on oneDNN (AMX where the CPU has
   it).
 
@@ -63,8 +64,6 @@ import logging
 import os
 import statistics
 import time
-import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,7 +74,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.device import best_seconds, cpu_flags
+from aiayn.device import best_seconds
+from aiayn.nn import int8_kernel
+from aiayn.nn.int8_kernel import int8_dynamic_linear
 from aiayn.nn.linear import Linear
 from aiayn.nn.quantized import Int8Linear
 
@@ -229,87 +230,25 @@ class DecodingInt8Linear(Int8Linear):
     """An :class:`~aiayn.nn.quantized.Int8Linear` inside :func:`for_decoding`: fbgemm's
     dynamic int8 product -- each call quantizes its activations to 8 bits (one scale per call)
     and multiplies int8 by int8 with VNNI -- on the weight's own integers and scales, packed
-    once for the block (``dynamic``).  It beat every other kernel PyTorch has for int8 weights
+    once per process (``handle``).  It beat every other kernel PyTorch has for int8 weights
     at 1 to 256 rows on an Intel Xeon with AMX: a (768 x 3072) product at one row in 30 us,
     against 57 us for the weight-only ``_weight_int8pack_mm`` (bf16 activations; 653 us with
     fp32 ones) and 172 us for fp32 ``F.linear``.  Where fbgemm is missing it falls back to the
     plain dequantizing forward."""
 
-    dynamic: Any | None = None  # fbgemm's packed weight
+    handle: int | None = None  # fbgemm's packed weight (aiayn/nn/int8_kernel.py)
 
     def forward(self, x: Tensor) -> Tensor:
         if (
-            self.dynamic is None
+            self.handle is None
             or torch.is_grad_enabled()
             or x.device.type != "cpu"
             or x.dtype not in (torch.float32, torch.bfloat16)
-            or torch.compiler.is_compiling()
         ):
             return super().forward(x)
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        flat = x.reshape(rows, x.shape[-1]).float()  # (N, I): fbgemm takes fp32 activations
-        out = torch.ops.quantized.linear_dynamic(flat, self.dynamic, _REDUCE_RANGE)  # (N, O)
+        flat = x.reshape(-1, x.shape[-1]).float()  # (N, I): fbgemm takes fp32 activations
+        out = int8_dynamic_linear(flat, self.qweight, self.handle)  # (N, O)
         return out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])  # (..., O)
-
-
-# Without VNNI, x86's 8-bit multiply-add saturates in 16 bits: fbgemm then needs activations
-# of 7 bits (PyTorch's default for it); with VNNI (or AMX) the full 8 bits are exact.
-CPU_HAS_VNNI = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
-ACTIVATION_BITS_VAR = "AIAYN_INT8_ACTIVATION_BITS"
-
-
-def _activation_bits(setting: str | None, vnni: bool) -> int:
-    """The bits the int8 kernel quantizes activations to: ``setting`` (the value of
-    ``AIAYN_INT8_ACTIVATION_BITS``: 7, or 8 where the CPU has VNNI), else the most the CPU
-    computes exactly (8 with VNNI or AMX, 7 without).  7 bits run correctly everywhere, only
-    less precisely: setting 7 on a VNNI machine reproduces another CPU's int8 numbers."""
-    if setting is None or not setting.strip():
-        return 8 if vnni else 7
-    if setting.strip() == "7":
-        return 7
-    if setting.strip() == "8" and vnni:
-        return 8
-    raise ValueError(
-        f"{ACTIVATION_BITS_VAR}={setting!r}: expected 7, or 8 on a CPU with VNNI or AMX"
-        + ("" if vnni else " (this one has neither: its 8-bit products saturate)")
-    )
-
-
-INT8_ACTIVATION_BITS = _activation_bits(os.environ.get(ACTIVATION_BITS_VAR), CPU_HAS_VNNI)
-_REDUCE_RANGE = INT8_ACTIVATION_BITS == 7  # fbgemm's flag for 7-bit activations
-
-
-def _dynamic_pack(qweight: Tensor, scale: Tensor, bias: Tensor | None) -> Any | None:
-    """fbgemm's packed form of an int8 weight (the same integers and scales) for its dynamic
-    int8 product, or None where this PyTorch lacks it.  It goes through PyTorch's quantized
-    tensors, deprecated but still the way into fbgemm; their warning is silenced here."""
-    if not hasattr(torch.ops.quantized, "linear_dynamic"):
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            zeros = torch.zeros(qweight.shape[0], dtype=torch.long)
-            q = torch._make_per_channel_quantized_tensor(qweight, scale.double(), zeros, 0)
-            b = None if bias is None else bias.detach().float()
-            return torch.ops.quantized.linear_prepack(q, b)
-    except (RuntimeError, AttributeError):
-        return None
-
-
-# fbgemm's packed weight of each int8 layer, made once per process (packing GPT-2 small's 49
-# layers takes 0.9 s), and made again only if the layer's weights change in place.
-_INT8_PACKED: weakref.WeakKeyDictionary[Int8Linear, tuple[tuple[int, ...], Any]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _packed_int8(m: Int8Linear) -> Any | None:
-    versions = (m.qweight._version, m.scale._version, -1 if m.bias is None else m.bias._version)
-    known = _INT8_PACKED.get(m)
-    if known is None or known[0] != versions:
-        known = versions, _dynamic_pack(m.qweight, m.scale, m.bias)
-        _INT8_PACKED[m] = known
-    return known[1]
 
 
 def _cpu_int8_layers(model: nn.Module) -> list[Int8Linear]:
@@ -572,7 +511,7 @@ def for_decoding(model: nn.Module, rows: int) -> Iterator[DecodingPlan]:
     int8 = _cpu_int8_layers(model) if enabled() else []
 
     def int8_settings(m: Int8Linear) -> dict[str, Any]:
-        return {"dynamic": _packed_int8(m)}
+        return {"handle": int8_kernel.packed(m)}
 
     with (
         _swapped(layers, DecodingLinear, settings),
@@ -581,5 +520,5 @@ def for_decoding(model: nn.Module, rows: int) -> Iterator[DecodingPlan]:
         yield DecodingPlan(
             gemv=bool(layers) and all(getattr(m, "row_view", None) is not None for m in layers),
             packed=sum(getattr(m, "packed", None) is not None for m in layers),
-            int8_dynamic=sum(getattr(m, "dynamic", None) is not None for m in int8),
+            int8_dynamic=sum(getattr(m, "handle", None) is not None for m in int8),
         )

@@ -284,7 +284,7 @@ def test_evaluate_scores_an_int8_language_model(
     forward = DecodingInt8Linear.forward
 
     def spy(self: DecodingInt8Linear, x: torch.Tensor) -> torch.Tensor:
-        if self.dynamic is not None and not torch.is_grad_enabled():
+        if self.handle is not None and not torch.is_grad_enabled():
             kernel_calls.append(self.out_features)
         return forward(self, x)
 
@@ -316,7 +316,7 @@ def test_int8_scales_stay_fp32_whatever_the_model_is_cast_to(lm_run: Path) -> No
 def test_the_activation_bits_follow_the_cpu_or_the_setting() -> None:
     """``AIAYN_INT8_ACTIVATION_BITS``: unset, the most the CPU computes exactly; 7 anywhere;
     8 only with VNNI, and any other value refused with one line naming it."""
-    from aiayn.nn.cpu_kernels import _activation_bits
+    from aiayn.nn.int8_kernel import _activation_bits
 
     assert _activation_bits(None, vnni=True) == 8 and _activation_bits(None, vnni=False) == 7
     assert _activation_bits("7", vnni=True) == 7 and _activation_bits(" 8 ", vnni=True) == 8

@@ -173,7 +173,7 @@ def test_int8_requests_differ_from_offline_generate_only_at_near_ties(
 def activation_steps(m: DecoderLM) -> Iterator[dict[str, float]]:
     """Within the block, the widest activation step (the call's range over 2^bits - 1, as
     fbgemm quantizes it) of each int8 layer of ``m`` over its kernel calls, by layer name."""
-    from aiayn.nn import cpu_kernels
+    from aiayn.nn import cpu_kernels, int8_kernel
 
     names = {id(mod): name for name, mod in m.named_modules()}
     widest: dict[str, float] = {}
@@ -181,7 +181,7 @@ def activation_steps(m: DecoderLM) -> Iterator[dict[str, float]]:
 
     def spy(self: cpu_kernels.DecodingInt8Linear, x: torch.Tensor) -> torch.Tensor:
         span = float(x.max().clamp(min=0) - x.min().clamp(max=0))
-        step = span / (2**cpu_kernels.INT8_ACTIVATION_BITS - 1)
+        step = span / (2**int8_kernel.INT8_ACTIVATION_BITS - 1)
         widest[names[id(self)]] = max(step, widest.get(names[id(self)], 0.0))
         return forward(self, x)
 
