@@ -20,6 +20,8 @@ from aiayn.nn.loss import linear_cross_entropy
 from aiayn.nn.masks import key_padding_to_attention
 from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import LearnedPositions
+from aiayn.nn.static_cache import StaticCache
+from aiayn.nn.static_cache import supports as static_supports
 
 
 class Stack(nn.Module):
@@ -52,6 +54,13 @@ def head_cross_entropy(
     logits = head(x).float()  # (B, T, V)
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=ignore_index,
                            label_smoothing=label_smoothing)  # fmt: skip
+
+
+def _attention_mask(key_mask: Tensor | None) -> Tensor | None:
+    """A cache's (B, S) key mask, or a static cache's (B, T, S) one, as (B, 1, 1|T, S)."""
+    if key_mask is None:
+        return None
+    return key_mask[:, None] if key_mask.dim() == 3 else key_padding_to_attention(key_mask)
 
 
 class TransformerModel(nn.Module):
@@ -135,7 +144,7 @@ class TransformerModel(nn.Module):
         embed: Embeddings,
         ids: Tensor,
         keep: Tensor | None,
-        cache: Cache | None,
+        cache: Cache | StaticCache | None,
         *,
         causal: bool,
         record: Record | None,
@@ -149,12 +158,12 @@ class TransformerModel(nn.Module):
         tokens continue where the cached ones stopped.  Padded keys are hidden from every query.
         """
         t = ids.shape[1]
-        offset = 0 if cache is None else cache.length
-        if offset + t > self.config.max_len:
+        if cache is None and t > self.config.max_len:
             raise ValueError(
-                f"sequence of length {offset + t} exceeds the model's max_len={self.config.max_len}"
+                f"sequence of length {t} exceeds the model's max_len={self.config.max_len}"
             )
         if cache is not None:
+            cache.check_room(t, self.config.max_len)
             key_mask, positions, key_positions = cache.advance(t, keep, ids.device)
         elif keep is not None:
             key_mask = keep
@@ -165,7 +174,7 @@ class TransformerModel(nn.Module):
             positions = key_positions = torch.arange(t, device=ids.device)  # (T,)
         x = embed(ids, positions, token_types)  # (B, T, C)
         ctx = Context(
-            mask=None if key_mask is None else key_padding_to_attention(key_mask),  # (B,1,1,S)
+            mask=_attention_mask(key_mask),  # (B, 1, 1|T, S)
             causal=causal,
             window=self.config.attention.sliding_window if causal else None,
             positions=embed.positions.state(positions, key_positions),
@@ -195,4 +204,27 @@ class TransformerModel(nn.Module):
             dtype=dtype or self.cache_dtype or p.dtype,
             device=p.device,
             recurrent=[i for i in range(self.cache_layers) if c.mixer_at(i) != "attention"],
+        )
+
+    def new_static_cache(
+        self, batch: int, capacity: int | None = None, *, dtype: torch.dtype | None = None
+    ) -> StaticCache:
+        """An empty static KV cache (aiayn/nn/static_cache.py): what a captured decoding step
+        needs.  Refused, with the reason, for a model whose layers keep other state."""
+        c = self.config
+        why = static_supports(self)
+        if why is not None:
+            raise ValueError(f"this model cannot use a static KV cache: {why}")
+        capacity = c.max_len if capacity is None else capacity
+        if capacity > c.max_len:
+            raise ValueError(f"cache capacity {capacity} exceeds the model's max_len={c.max_len}")
+        p = next(self.parameters())
+        return StaticCache(
+            self.cache_layers,
+            batch,
+            c.kv_heads,
+            capacity,
+            c.head_dim,
+            dtype=dtype or self.cache_dtype or p.dtype,
+            device=p.device,
         )

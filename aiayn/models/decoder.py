@@ -23,6 +23,7 @@ from aiayn.nn.cache import Cache
 from aiayn.nn.context import Record
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.linear import Linear
+from aiayn.nn.static_cache import StaticCache
 
 
 class DecoderLM(TransformerModel):
@@ -44,7 +45,7 @@ class DecoderLM(TransformerModel):
         ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
-        cache: Cache | None = None,
+        cache: Cache | StaticCache | None = None,
         record: Record | None = None,
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,

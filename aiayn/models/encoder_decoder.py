@@ -22,6 +22,7 @@ from aiayn.nn.context import Record
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
 from aiayn.nn.linear import Linear
 from aiayn.nn.masks import key_padding_to_attention
+from aiayn.nn.static_cache import StaticCache
 
 
 class EncoderDecoder(TransformerModel):
@@ -68,7 +69,7 @@ class EncoderDecoder(TransformerModel):
         memory: Tensor | None,
         src_keep: Tensor | None = None,
         *,
-        cache: Cache | None = None,
+        cache: Cache | StaticCache | None = None,
         record: Record | None = None,
         features_only: bool = False,
     ) -> Tensor:

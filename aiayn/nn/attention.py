@@ -175,6 +175,9 @@ def _matmul_attention_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) 
     )
 
 
+CAPTURED_SCORES = 8192  # queries x keys per head up to which a captured step writes Eq. (1) out
+
+
 def sdpa_backend(
     q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor, Tensor | None]:
@@ -184,6 +187,12 @@ def sdpa_backend(
     mask, window, scale, dropout_p = call.mask, call.window, call.scale, call.dropout_p
     is_causal = call.causal
     t, s = q.shape[-2], k.shape[-2]
+    if torch.compiler.is_compiling() and t * s <= CAPTURED_SCORES:
+        # A captured decoding step (aiayn/generate/captured.py): a few queries per head over a
+        # static cache, with a mask.  Written out, inductor fuses the mask and the softmax
+        # into one loop between two small products; PyTorch's fused kernel with a mask is a
+        # call of its own (about 70 us a layer for a beam's 4 queries over 64 keys).
+        return reference_backend(q, k, v, call)
     enable_gqa = q.dim() >= 3 and q.shape[-3] != k.shape[-3]
     if (
         mask is None

@@ -234,10 +234,19 @@ class Cache:
         ]
         return cls(layers)
 
+    static = False  # grows: see aiayn/nn/static_cache.py for the other kind
+
     @property
     def length(self) -> int:
         """Positions seen so far."""
         return self.seen
+
+    def check_room(self, t: int, max_len: int) -> None:
+        """Refuse a pass of ``t`` more positions that would take the sequence past ``max_len``."""
+        if self.seen + t > max_len:
+            raise ValueError(
+                f"sequence of length {self.seen + t} exceeds the model's max_len={max_len}"
+            )
 
     @property
     def capacity(self) -> int:

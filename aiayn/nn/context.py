@@ -23,6 +23,7 @@ from torch import Tensor
 from aiayn.nn.cache import Cache
 from aiayn.nn.moe import RouterStats
 from aiayn.nn.positions.base import NO_POSITIONS, PositionState
+from aiayn.nn.static_cache import StaticCache
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Context:
     causal: bool = False
     window: int | None = None  # causal sliding window
     positions: PositionState = NO_POSITIONS
-    cache: Cache | None = None
+    cache: Cache | StaticCache | None = None
     memory: Tensor | None = None  # (B, S_src, C) encoder output, for cross-attention
     memory_mask: Tensor | None = None  # (B, 1, 1, S_src) bool
     record: Record | None = None
