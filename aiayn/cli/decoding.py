@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from aiayn.cli.common import _add_decoding, _add_device, _add_precision
 from aiayn.data.files import read_text, split_lines
@@ -15,11 +17,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     (unless --ignore-eos), which are not printed."""
     import torch
 
-    from aiayn.cli.loading import _device, _load_lm, _precision, _sampling
+    from aiayn.cli.loading import _device, _load_lm, _precision
+    from aiayn.generate.threads import decode_threads
+
+    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args), _precision(args))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(decode_threads(args.threads, model, 1))
+    try:
+        return _generate(args, model, tokenizer, ids)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, ids: Any) -> int:
+    import torch
+
+    from aiayn.cli.loading import _sampling
     from aiayn.generate import generate
     from aiayn.generate.text import TextStream
 
-    model, tokenizer, ids = _load_lm(args.checkpoint, _device(args), _precision(args))
     eos = () if args.ignore_eos else ids.eos
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
@@ -27,11 +43,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.write(args.prompt)
     text = TextStream(tokenizer.decode, prompt_ids)
 
+    times: list[float] = []
+
     def show(token: torch.Tensor) -> None:
+        times.append(time.perf_counter())
         if int(token[0]) not in eos:
             sys.stdout.write(text.add(int(token[0])))
             sys.stdout.flush()
 
+    start = time.perf_counter()
     generate(
         model,
         [prompt_ids],
@@ -43,9 +63,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
         decode=tokenizer.decode,
         truncate=args.truncate,
         on_token=show,
+        compile=args.compile,
     )
     sys.stdout.write(text.rest() + "\n")
+    if args.timing:
+        _report_timing(model, start, times)
     return 0
+
+
+def _report_timing(model: object, start: float, times: list[float]) -> None:
+    """Time to the first token, and to each later one, on stderr (``--timing``)."""
+    import torch
+
+    from aiayn.generate.captured import captured_step, wants_capture
+
+    line = f"first token {1e3 * (times[0] - start):.0f} ms"
+    if len(times) > 1:
+        line += f"; then {1e3 * (times[-1] - times[0]) / (len(times) - 1):.2f} ms a token"
+    line += f"; {torch.get_num_threads()} threads"
+    if isinstance(model, torch.nn.Module) and wants_capture(model, "on"):
+        captures = captured_step(model).capture_seconds
+        if captures:
+            line += "; step captured in " + ", ".join(f"{s:.1f} s" for s in captures.values())
+    print(line, file=sys.stderr)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -92,21 +132,32 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
+    import torch
+
     from aiayn.cli.loading import _beam, _device, _load_translator, _precision
+    from aiayn.generate.threads import decode_threads
     from aiayn.generate.translate import translate
 
     model, tokenizer, ids = _load_translator(args.checkpoint, _device(args), _precision(args))
     text_in = read_text(args.input) if args.input else sys.stdin.read()
     lines = split_lines(text_in)
-    out = translate(
-        model,
-        tokenizer,
-        lines,
-        beam=_beam(args),
-        batch_size=args.batch_size,
-        truncate=args.truncate,
-        generation=ids,
-    )
+    beam = _beam(args)
+    rows = min(args.batch_size, max(len(lines), 1)) * (1 if beam is None else beam.beam_size)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(decode_threads(args.threads, model, rows))
+    try:
+        out = translate(
+            model,
+            tokenizer,
+            lines,
+            beam=beam,
+            batch_size=args.batch_size,
+            truncate=args.truncate,
+            generation=ids,
+            compile=args.compile,
+        )
+    finally:
+        torch.set_num_threads(threads)
     text = "".join(f"{line}\n" for line in out)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -177,6 +228,21 @@ def cmd_fill_mask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_step_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="capture the decoding step with torch.compile (auto: on CUDA, and on a CPU for"
+        " steps of up to 4 rows, where it measured faster; cached on disk after the first run)",
+    )
+    p.add_argument(
+        "--threads",
+        default="auto",
+        help="threads for decoding: a count, or auto (one for a small step, else every core)",
+    )
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register generate, chat, translate, embed, fill-mask."""
     p = sub.add_parser("generate", help="continue a prompt with a language model, streaming")
@@ -192,6 +258,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--truncate", action="store_true", help="keep the end of an over-long prompt")
     p.add_argument(
         "--ignore-eos", action="store_true", help="go on past the checkpoint's end-of-text ids"
+    )
+    _add_step_options(p)
+    p.add_argument(
+        "--timing", action="store_true", help="print the time to the first token on stderr"
     )
     _add_device(p)
     _add_precision(p)
@@ -216,6 +286,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=None, help="where to write (default: stdout)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--truncate", action="store_true", help="cut over-long lines instead of failing")
+    _add_step_options(p)
     _add_decoding(p)
     _add_device(p)
     _add_precision(p)

@@ -31,13 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from aiayn.generate.cancel import CancelToken, check
+from aiayn.generate.captured import captured_step, wants_capture
 from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.nn.cache import Cache
 from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.static_cache import StaticCache, capacity_for
 
 
 @dataclass(frozen=True)
@@ -144,14 +148,54 @@ def beam_search(
     config: BeamConfig = PAPER_BEAM,
     never: Sequence[int] = (),
     cancel: CancelToken | None = None,
+    compile: str = "off",
 ) -> list[list[int]]:
     """The best hypothesis per sentence (ids without BOS/EOS), by length-normalised score.
-    ``cancel`` stops the search at its next step (aiayn/generate/cancel.py)."""
+    ``cancel`` stops the search at its next step (aiayn/generate/cancel.py).  ``compile``
+    ("auto", "on", "off") captures the decoder's one-token step (aiayn/generate/captured.py)."""
     model.eval()
     # One weight layout for the whole search: K·B rows per step is a small matrix product,
     # faster from a packed weight (aiayn/nn/cpu_kernels.py).
     with for_decoding(model, src.shape[0] * config.beam_size):
-        return _beam_search(model, src, bos, eos, config, never, cancel)
+        steps = _Steps(model, wants_capture(model, compile, src.shape[0] * config.beam_size))
+        return _beam_search(model, src, bos, eos, config, never, cancel, steps)
+
+
+SOURCE_MULTIPLE = 32  # a captured search pads its source's keys to a multiple of this
+
+
+class _Steps:
+    """The decoder's steps of one search: eager over a growing cache, or -- ``captured`` --
+    the first step eager into a static cache (it computes the cross-attention keys and
+    values) and every later one the captured step.  A captured search keeps its rows: a
+    finished sentence stays in the batch with no live beam (a new row count would be a new
+    capture), where an eager one leaves it."""
+
+    def __init__(self, model: EncoderDecoder, captured: bool) -> None:
+        self.model, self.captured = model, captured
+
+    def new_cache(self, rows: int, steps: int) -> Cache | StaticCache:
+        if not self.captured:
+            return self.model.new_cache(rows, steps + 1)
+        return self.model.new_static_cache(rows, capacity_for(steps + 1, self.model.config.max_len))
+
+    def __call__(
+        self, tokens: Tensor, memory: Tensor, keep: Tensor | None, first: bool, cache: Any
+    ) -> Tensor:
+        """(R, 1) tokens -> (R, V) logits.  Only the ``first`` step reads the memory and its
+        mask; later ones take the cross-attention keys and values from the cache."""
+        if not self.captured:
+            return self.model.decode(
+                tokens, memory if first else None, keep if first else None, cache=cache
+            )[:, -1]
+        if not first:
+            return captured_step(self.model)(tokens, cache)
+        if keep is None:  # a mask to pad: the captured step then serves nearby lengths too
+            keep = torch.ones(memory.shape[:2], dtype=torch.bool, device=memory.device)
+        cache.reserve(1)
+        logits = self.model.decode(tokens, memory, keep, cache=cache)[:, -1]
+        cache.pad_memory(SOURCE_MULTIPLE)
+        return logits
 
 
 def _beam_search(
@@ -162,6 +206,7 @@ def _beam_search(
     config: BeamConfig,
     never: Sequence[int],
     cancel: CancelToken | None,
+    decode: _Steps,
 ) -> list[list[int]]:
     """The search itself: each step expands the K live hypotheses of every alive sentence,
     offers the EOS-ended and the length-capped ones as finished, keeps the K best that go on
@@ -178,7 +223,7 @@ def _beam_search(
     # The K beams of a sentence share its memory: the decoder takes one memory row per
     # sentence for K query rows (aiayn/nn/multihead.py folds them), so the encoder's keys and
     # values are computed, cached and read once per sentence.
-    cache = model.new_cache(b * k, steps + 1)
+    cache = decode.new_cache(b * k, steps)
     tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (B·K, 1)
     neg = float("-inf")
     # The sentences still searching: A of them, ``alive`` (A,) their indices.  Finished
@@ -209,10 +254,7 @@ def _beam_search(
         check(cancel)
         length = step + 1
         a = alive.shape[0]
-        first_step = step == 0  # later steps take memory and its mask from the cache
-        logits = model.decode(
-            tokens, memory if first_step else None, keep if first_step else None, cache=cache
-        )[:, -1]
+        logits = decode(tokens, memory, keep, step == 0, cache)  # (A·K, V)
         logprobs = _mask_(logits.float(), never).log_softmax(-1)  # (A·K, V)
         v = logprobs.shape[-1]
         # in place: the log-probabilities are a fresh tensor, and B·K·V floats is megabytes
@@ -248,7 +290,10 @@ def _beam_search(
             done |= n_finished >= k
         if bool(done.all()):
             break
-        if bool(done.any()):  # those sentences leave: keep the rows of the others
+        if decode.captured:  # the finished stay, with no live beam: the shapes stay
+            next_scores = next_scores.masked_fill(done[:, None], neg)
+            cache.reorder((rows[:, None] * k + next_parent).view(-1))
+        elif bool(done.any()):  # those sentences leave: keep the rows of the others
             stay = (~done).nonzero().squeeze(1)  # (A',) positions among the alive
             alive, limits, n_finished = alive[stay], limits[stay], n_finished[stay]
             history, next_scores = history[stay], next_scores[stay]

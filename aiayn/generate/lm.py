@@ -24,10 +24,12 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor
 
+from aiayn.generate.captured import captured_step, wants_capture
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
 from aiayn.nn.cache import Cache
 from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.static_cache import StaticCache, capacity_for
 
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)
 
@@ -124,6 +126,7 @@ def stream(
     seed: int | None = None,
     eos_id: int | Sequence[int] | None = None,
     truncate: bool = False,
+    compile: str = "off",
 ) -> Iterator[Tensor]:
     """Yield (B,) next tokens, one step at a time.  Stops early once every row has emitted
     ``eos_id`` (or any of several: a chat model's end-of-turn and end-of-text tokens); a row
@@ -134,6 +137,10 @@ def stream(
     nanoGPT crops its context), so any length can be generated; within ``max_len`` every step
     is a single cached token.  Each row slides when it would alone: in a batch with left
     padding the rows' windows differ, and every row keeps its own.
+
+    ``compile`` ("auto", "on", "off") says whether the one-token step is captured
+    (aiayn/generate/captured.py): the prompt then fills a static KV cache and every later step
+    is one compiled function.  A generation whose context slides runs eagerly.
     """
     cfg = model.config
     rows = _prepare(prompts, max_new_tokens, cfg.max_len, truncate)
@@ -149,7 +156,15 @@ def stream(
     if sampling.repetition_penalty != 1.0:
         seen = torch.zeros(b, cfg.vocab_size, dtype=torch.bool, device=device)
         seen.scatter_(1, ids, real)
-    cache = model.new_cache(b, min(p + max_new_tokens, cfg.max_len))
+    slides = p + max_new_tokens > cfg.max_len  # some row's context may pass max_len
+    captured = wants_capture(model, compile, b) and not slides
+    cache: Cache | StaticCache
+    if captured:
+        static = model.new_static_cache(b, capacity_for(p + max_new_tokens, cfg.max_len))
+        static.reserve(p)
+        cache, one_step = static, captured_step(model)
+    else:
+        cache = model.new_cache(b, min(p + max_new_tokens, cfg.max_len))
     was_training = model.training
     model.eval()
     packing = ExitStack()
@@ -160,12 +175,12 @@ def stream(
         plan = packing.enter_context(for_decoding(model, b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        if b == 1 and plan.gemv:
+        if b == 1 and plan.gemv and not captured:
             # The steps' products run in BLAS's own threads (where this host runs one row
             # faster so than by F.linear); other dtypes and hosts stay on torch's threads.
             torch.set_num_threads(1)
         contexts = None
-        if p + max_new_tokens > cfg.max_len:  # some row's context may pass max_len
+        if slides:
             starts = torch.tensor([p - len(r) for r in rows], device=device)  # (B,)
             contexts = _Contexts(model, ids, starts, max_new_tokens)
         finished = torch.zeros(b, dtype=torch.bool, device=device)
@@ -179,9 +194,13 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
-            if contexts is None:
+            if captured:
+                assert isinstance(cache, StaticCache)
+                logits = one_step(nxt[:, None], cache)  # (B, V)
+            elif contexts is None:
                 logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V)
             else:
+                assert isinstance(cache, Cache)
                 logits, cache = contexts.feed(nxt, cache)
     finally:
         torch.set_num_threads(threads)
@@ -201,6 +220,7 @@ def generate(
     decode: Callable[[list[int]], str] | None = None,
     truncate: bool = False,
     on_token: Callable[[Tensor], None] | None = None,
+    compile: str = "off",
 ) -> list[list[int]]:
     """New tokens for each prompt (prompt not included).
 
@@ -221,6 +241,7 @@ def generate(
         seed=seed,
         eos_id=eos_id,
         truncate=truncate,
+        compile=compile,
     ):
         if on_token is not None:
             on_token(nxt)

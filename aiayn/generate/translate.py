@@ -52,12 +52,14 @@ def translate(
     truncate: bool = False,
     generation: GenerationIds = NONE,
     cancel: CancelToken | None = None,
+    compile: str = "off",
 ) -> list[str]:
     """Translations of ``lines`` (beam search, or greedy when ``beam`` is None).
 
     ``generation`` -- a Hugging Face folder's ids (generation_config.json): its decoder start,
     end and padding ids replace the tokenizer's where it names them.  ``cancel`` stops the work
-    at the next decoding step (aiayn/generate/cancel.py).
+    at the next decoding step (aiayn/generate/cancel.py).  ``compile`` captures beam search's
+    decoding step (aiayn/generate/captured.py).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: translate at least 1 line per batch")
@@ -104,7 +106,14 @@ def translate(
                 hyps = greedy_decode(model, src, bos=bos, eos=eos, never=never, cancel=cancel)
             else:
                 hyps = beam_search(
-                    model, src, bos=bos, eos=eos, config=beam, never=never, cancel=cancel
+                    model,
+                    src,
+                    bos=bos,
+                    eos=eos,
+                    config=beam,
+                    never=never,
+                    cancel=cancel,
+                    compile=compile,
                 )
             for i, ids in zip(chunk, hyps, strict=True):
                 out[i] = tokenizer.decode(ids).strip()

@@ -56,18 +56,24 @@ def test_beam_one_equals_greedy() -> None:
     )
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_batched_beam_equals_one_sentence_at_a_time(alpha: float) -> None:
+@pytest.mark.parametrize(
+    ("alpha", "compile"),
+    [(0.0, "off"), (0.6, "off"), (2.0, "off"), pytest.param(0.6, "on", marks=pytest.mark.slow)],
+)
+def test_batched_beam_equals_one_sentence_at_a_time(alpha: float, compile: str) -> None:
+    """Eager, and with the captured step (aiayn/generate/captured.py), where finished sentences
+    stay in the batch instead of leaving it."""
     model = small()
     src = sources()
     cfg = BeamConfig(beam_size=4, length_penalty=alpha, max_extra=8)
-    batched = beam_search(model, src, bos=BOS, eos=EOS, config=cfg)
+    batched = beam_search(model, src, bos=BOS, eos=EOS, config=cfg, compile=compile)
     for i in range(4):
         real = src[i : i + 1, : int((src[i] != 0).sum())]  # no padding at all
-        assert batched[i] == beam_search(model, real, bos=BOS, eos=EOS, config=cfg)[0]
+        one = beam_search(model, real, bos=BOS, eos=EOS, config=cfg, compile=compile)
+        assert batched[i] == one[0]
     # More padding than needed changes nothing either.
     wide = torch.cat([src, torch.zeros(4, 5, dtype=torch.long)], 1)
-    assert beam_search(model, wide, bos=BOS, eos=EOS, config=cfg) == batched
+    assert beam_search(model, wide, bos=BOS, eos=EOS, config=cfg, compile=compile) == batched
 
 
 @torch.no_grad()
@@ -188,19 +194,26 @@ def python_beam_search(
     return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_tensor_beam_search_equals_the_python_loop(seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "compile"),
+    [
+        *((seed, "off") for seed in range(6)),
+        *(pytest.param(seed, "on", marks=pytest.mark.slow) for seed in (1, 3)),
+    ],
+)
+def test_tensor_beam_search_equals_the_python_loop(seed: int, compile: str) -> None:
     g = torch.Generator().manual_seed(seed)
     beam = [1, 2, 3, 5][seed % 4]
     alpha = [0.0, 0.6, 1.5][seed % 3]
-    cfg = BeamConfig(beam_size=beam, length_penalty=alpha, max_extra=1 + seed % 4,
-                     early_stopping=seed % 2 == 0)  # fmt: skip
+    cfg = BeamConfig(
+        beam_size=beam, length_penalty=alpha, max_extra=1 + seed % 4, early_stopping=seed % 2 == 0
+    )
     model = small(vocab_size=[8, 24][seed % 2], init_std=0.5)
     src = torch.randint(3, model.config.vocab_size, (5, 7), generator=g)
     src[1, 4:] = 0
     src[3, 2:] = 0
-    assert beam_search(model, src, bos=BOS, eos=EOS, config=cfg) == python_beam_search(
-        model, src, bos=BOS, eos=EOS, config=cfg
+    assert beam_search(model, src, bos=BOS, eos=EOS, config=cfg, compile=compile) == (
+        python_beam_search(model, src, bos=BOS, eos=EOS, config=cfg)
     )
 
 
