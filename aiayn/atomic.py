@@ -5,11 +5,11 @@ flushed to disk (``fsync``), a manifest of every file's size and SHA-256 is adde
 itself is flushed, and only then is it renamed into place and the parent flushed.  Replacing
 an existing folder uses Linux's ``renameat2(RENAME_EXCHANGE)``, which swaps the two names in
 one step, so there is never an instant without a complete folder at the target; where that
-call is missing, the old folder is first renamed aside and :func:`recover` puts it back if a
+call is missing, the old folder is first renamed aside and ``recover`` puts it back if a
 crash falls between the two renames.
 
-Every file-system step calls :func:`fs_step` with its name.  Nothing happens there unless a
-test has installed a hook with :func:`set_fault_hook`: the fault-injection tests kill the
+Every file-system step calls ``fs_step`` with its name.  Nothing happens there unless a
+test has installed a hook with ``set_fault_hook``: the fault-injection tests kill the
 process or raise ``ENOSPC`` at each named step and check that nothing is lost.
 """
 
@@ -25,6 +25,8 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from aiayn.errors import CheckpointError
 
 MANIFEST_FILE = "manifest.json"
 TMP_MARK = ".tmp-"  # temporary folders are named .NAME.tmp-XXXX
@@ -84,19 +86,19 @@ def inside(folder: Path, name: object, where: str, *, flat: bool = False) -> Pat
     ``..``, no symbolic link that leads out (or loops).  With ``flat``, a plain name: no
     subfolder either."""
     if not isinstance(name, str) or not name or "\x00" in name:
-        raise ValueError(f"{where}: {name!r} is not a file name")
+        raise CheckpointError(f"{where}: {name!r} is not a file name")
     relative = Path(name)
     if relative.is_absolute() or ".." in relative.parts:
-        raise ValueError(f"{where}: {name!r} is not a file inside {folder}")
+        raise CheckpointError(f"{where}: {name!r} is not a file inside {folder}")
     if flat and relative.parts != (name,):
-        raise ValueError(f"{where}: {name!r} is not a plain file name in {folder}")
+        raise CheckpointError(f"{where}: {name!r} is not a plain file name in {folder}")
     path = folder / relative
     try:
         resolved = path.resolve()
     except (OSError, RuntimeError) as err:  # a symbolic link that loops
-        raise ValueError(f"{where}: {name!r} cannot be resolved in {folder}: {err}") from err
+        raise CheckpointError(f"{where}: {name!r} cannot be resolved in {folder}: {err}") from err
     if not resolved.is_relative_to(folder.resolve()):
-        raise ValueError(f"{where}: {name!r} leads out of {folder} (a symbolic link)")
+        raise CheckpointError(f"{where}: {name!r} leads out of {folder} (a symbolic link)")
     return path
 
 
@@ -110,7 +112,7 @@ def verify_manifest(folder: Path) -> None:
         manifest = json.loads(path.read_text())
         files = manifest["files"]
     except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"corrupt manifest {path}: {err}") from err
+        raise CheckpointError(f"corrupt manifest {path}: {err}") from err
     well_formed = isinstance(files, dict) and all(
         isinstance(meta, dict)
         and isinstance(meta.get("size"), int)
@@ -118,22 +120,22 @@ def verify_manifest(folder: Path) -> None:
         for meta in files.values()
     )
     if not well_formed:
-        raise ValueError(
+        raise CheckpointError(
             f'corrupt manifest {path}: expected {{"files": {{NAME: {{"size": BYTES,'
             f' "sha256": HEX}}}}}}'
         )
     for name, meta in files.items():
         f = inside(folder, name, str(path))
         if not f.is_file():
-            raise ValueError(f"checkpoint file {f} is missing (listed in {MANIFEST_FILE})")
+            raise CheckpointError(f"checkpoint file {f} is missing (listed in {MANIFEST_FILE})")
         size = f.stat().st_size
         if size != meta["size"]:
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint file {f} is truncated or altered: {size} bytes, expected"
                 f" {meta['size']}"
             )
         if sha256_file(f) != meta["sha256"]:
-            raise ValueError(f"checkpoint file {f} is corrupt: its SHA-256 does not match")
+            raise CheckpointError(f"checkpoint file {f} is corrupt: its SHA-256 does not match")
 
 
 _AT_FDCWD = -100
@@ -213,11 +215,11 @@ def write_atomically(target: str | os.PathLike[str], fill: Callable[[Path], None
 
 
 def begin_folder(target: Path) -> Path:
-    """The first half of :func:`write_atomically`: a new temporary folder beside ``target``
+    """The first half of ``write_atomically``: a new temporary folder beside ``target``
     (after repairing what an earlier crash left there).  Several processes may fill it (a
-    sharded checkpoint: every rank writes its shard) before one calls :func:`commit_folder`."""
+    sharded checkpoint: every rank writes its shard) before one calls ``commit_folder``."""
     if target.exists() and not target.is_dir():
-        raise ValueError(f"cannot write to {target}: it exists and is not a folder")
+        raise CheckpointError(f"cannot write to {target}: it exists and is not a folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     recover(target)
     return Path(tempfile.mkdtemp(prefix=f".{target.name}{TMP_MARK}", dir=target.parent))

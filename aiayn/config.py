@@ -3,20 +3,20 @@
 A `ModelConfig` describes every architectural choice of the Transformer family that aiayn
 builds.  Its core fields (the architecture, vocabulary, depth, width, norms, dropout, embeddings
 and initialisation) sit on it directly; the choices of one concern sit in a sub-config of their
-own: ``attention`` (:class:`AttentionConfig`), ``positions`` (:class:`PositionConfig`), ``ffn``
-(:class:`FeedForwardConfig`, with the mixture of experts), ``mixer`` (:class:`MixerConfig`,
-with the state-space layer), ``rnn`` (:class:`RNNConfig`) and ``vision``
-(:class:`VisionConfig`).  Each is frozen (hashable, safe to share) and validates its own
+own: ``attention`` (``AttentionConfig``), ``positions`` (``PositionConfig``), ``ffn``
+(``FeedForwardConfig``, with the mixture of experts), ``mixer`` (``MixerConfig``,
+with the state-space layer), ``rnn`` (``RNNConfig``) and ``vision``
+(``VisionConfig``).  Each is frozen (hashable, safe to share) and validates its own
 fields in ``__post_init__``; the checks that span them (d_model against the heads, the mixer
 against the architecture) are ModelConfig's.  A bad value raises ``ValueError`` naming the
 class, the field, the value and what was expected.  Configs serialise to nested JSON so that a
 checkpoint describes itself.
 
-Settings are named three ways, all read by :meth:`ModelConfig.from_dict`,
-:meth:`ModelConfig.replace` and :func:`get_preset`: a core field (``d_model``), a dotted
+Settings are named three ways, all read by ``ModelConfig.from_dict``,
+``ModelConfig.replace`` and ``get_preset``: a core field (``d_model``), a dotted
 sub-config field (``attention.n_heads``, or a ``[model.attention]`` TOML table), and the flat
 name every field had before the sub-configs (``n_heads``, ``attention_dropout``), which old
-checkpoints, TOML files and sweeps still use (:data:`FLAT_NAMES` maps each to its new place).
+checkpoints, TOML files and sweeps still use (``FLAT_NAMES`` maps each to its new place).
 
 The presets reproduce published sizes:
 
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from aiayn import registry
+from aiayn.errors import ConfigError
 
 Arch = Literal["encoder-decoder", "decoder", "encoder"]
 NormPosition = Literal["post", "pre"]
@@ -59,8 +60,8 @@ Activation = str
 BackendName = str
 
 
-def _fail(owner: object, name: str, value: object, expected: str) -> ValueError:
-    return ValueError(f"{type(owner).__name__}.{name}={value!r} is invalid: expected {expected}")
+def _fail(owner: object, name: str, value: object, expected: str) -> ConfigError:
+    return ConfigError(f"{type(owner).__name__}.{name}={value!r} is invalid: expected {expected}")
 
 
 def check_field_types(config: Any) -> None:
@@ -133,8 +134,9 @@ def _type_matches(value: object, hint: Any) -> tuple[bool, str]:
         return isinstance(value, int | float) and not isinstance(value, bool), "a number"
     if hint is str:
         return isinstance(value, str), "a string"
-    if typing.get_origin(hint) is typing.Literal:  # the class's own check names the choices
-        return isinstance(value, str | int | bool | type(None)), "one of the choices"
+    if typing.get_origin(hint) is typing.Literal:
+        choices = typing.get_args(hint)
+        return value in choices, f"one of {', '.join(map(repr, choices))}"
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a ModelConfig sub-config
         return isinstance(value, hint), f"a sub-config ({hint.__name__})"
     return True, ""
@@ -559,7 +561,7 @@ class ModelConfig:
         return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
 
     def mixer_at(self, layer: int) -> str:
-        """The mixer of layer ``layer`` (from 0); see :meth:`MixerConfig.at`."""
+        """The mixer of layer ``layer`` (from 0); see ``MixerConfig.at``."""
         return self.mixer.at(layer)
 
     @property
@@ -568,12 +570,14 @@ class ModelConfig:
 
     def value(self, name: str) -> Any:
         """The setting ``name`` in any of its spellings (a field, ``attention.n_heads`` or
-        the flat ``n_heads``), or a derived size (:data:`DERIVED`, e.g. ``head_dim``)."""
+        the flat ``n_heads``), or a derived size (``DERIVED``, e.g. ``head_dim``)."""
         if name in DERIVED:
             return getattr(self, name)
         dotted = FLAT_NAMES.get(name, name)
         if dotted not in PARTS and dotted not in field_names():
-            raise ValueError(f"unknown ModelConfig field {name!r}; expected one of {field_names()}")
+            raise ConfigError(
+                f"unknown ModelConfig field {name!r}; expected one of {field_names()}"
+            )
         part, _, inner = dotted.partition(".")
         value = getattr(self, part)
         return getattr(value, inner) if inner else value
@@ -581,7 +585,7 @@ class ModelConfig:
     # ----- serialisation -------------------------------------------------------------------
     def replace(self, **overrides: Any) -> ModelConfig:
         """A copy with some settings changed (validated again), named in any spelling (see
-        :func:`dotted_settings`); a sub-config given as a table changes only the fields it
+        ``dotted_settings``); a sub-config given as a table changes only the fields it
         names.  Unknown names raise."""
         changes: dict[str, Any] = {}
         parts: dict[str, dict[str, Any]] = {}
@@ -601,10 +605,10 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
-        """A config from settings in any spelling (:func:`dotted_settings`): the nested form
-        :meth:`to_dict` writes, or the flat one of older checkpoints; missing ones default."""
+        """A config from settings in any spelling (``dotted_settings``): the nested form
+        ``to_dict`` writes, or the flat one of older checkpoints; missing ones default."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"a model config must be a table of settings, got {data!r}")
+            raise ConfigError(f"a model config must be a table of settings, got {data!r}")
         return cls().replace(**dict(data))
 
     def to_json(self) -> str:
@@ -615,9 +619,9 @@ class ModelConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"model config is not valid JSON: {err}") from err
+            raise ConfigError(f"model config is not valid JSON: {err}") from err
         if not isinstance(data, dict):
-            raise ValueError(f"model config JSON must be an object, got {type(data).__name__}")
+            raise ConfigError(f"model config JSON must be an object, got {type(data).__name__}")
         return cls.from_dict(data)
 
 
@@ -636,7 +640,7 @@ def field_names() -> list[str]:
 
 def _spellings(key: str, value: Any) -> list[tuple[str, Any]]:
     """One setting as (dotted name, value) pairs (an unknown key comes back as it is, for
-    :func:`dotted_settings` to name)."""
+    ``dotted_settings`` to name)."""
     part_class = PARTS.get(key)
     if part_class is not None and isinstance(value, part_class):
         return [(f"{key}.{name}", getattr(value, name)) for name in _fields(part_class)]
@@ -645,7 +649,7 @@ def _spellings(key: str, value: Any) -> list[tuple[str, Any]]:
     if key in FLAT_NAMES:  # also "mixer" and "rnn" given a kind or a cell
         return [(FLAT_NAMES[key], value)]
     if part_class is not None:
-        raise ValueError(
+        raise ConfigError(
             f"ModelConfig.{key}={value!r} is invalid: expected a sub-config"
             f" ({part_class.__name__}) or a table of its fields"
         )
@@ -653,11 +657,11 @@ def _spellings(key: str, value: Any) -> list[tuple[str, Any]]:
 
 
 def dotted_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Model settings in any spelling -> by their dotted names, as :func:`field_names` lists
+    """Model settings in any spelling -> by their dotted names, as ``field_names`` lists
     them.  A key may be a core field (``d_model``), a dotted sub-config field
-    (``attention.n_heads``), a sub-config (``attention``) holding an :class:`AttentionConfig`
+    (``attention.n_heads``), a sub-config (``attention``) holding an ``AttentionConfig``
     or a table of its fields, or a flat name of older configs (``n_heads``,
-    :data:`FLAT_NAMES`).  Raises ValueError naming unknown keys, or a setting given twice."""
+    ``FLAT_NAMES``).  Raises ValueError naming unknown keys, or a setting given twice."""
     known = set(field_names())
     found: dict[str, Any] = {}
     given: dict[str, str] = {}  # dotted name -> the key that gave it
@@ -667,14 +671,14 @@ def dotted_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             if dotted not in known:
                 unknown.append(dotted)
             elif dotted in given:
-                raise ValueError(
+                raise ConfigError(
                     f"ModelConfig setting {dotted} is given twice (as {given[dotted]!r} and as"
                     f" {key!r}); give it once"
                 )
             given[dotted], found[dotted] = key, v
     if unknown:
         near = [f"{p}.{u}" for u in sorted(unknown) for p, c in PARTS.items() if u in _fields(c)]
-        raise ValueError(
+        raise ConfigError(
             f"unknown ModelConfig field(s) {sorted(unknown)}"
             + (f" (did you mean {', '.join(near)}?)" if near else "")
             + f"; expected some of {field_names()} (or their flat names of older configs, such"
@@ -802,7 +806,7 @@ def presets() -> list[str]:
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
     """The named preset's config, with ``overrides`` applied (settings in any spelling, as
-    :meth:`ModelConfig.replace` takes them)."""
+    ``ModelConfig.replace`` takes them)."""
     if name not in _PRESETS:
-        raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(presets())}")
+        raise ConfigError(f"unknown preset {name!r}; expected one of {', '.join(presets())}")
     return _PRESETS[name]().replace(**overrides)

@@ -1,12 +1,12 @@
 """Where a model runs and in what precision, and what the machine can do.
 
-* :func:`resolve_device` -- ``"auto"`` (CUDA when available, else the CPU), ``"cpu"``,
+* ``resolve_device`` -- ``"auto"`` (CUDA when available, else the CPU), ``"cpu"``,
   ``"cuda"`` or ``"cuda:N"``; asking for a GPU that is not there is an error that says why.
-* :func:`resolve_dtype` -- ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``.  On a GPU
+* ``resolve_dtype`` -- ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``.  On a GPU
   ``"auto"`` is bf16 where the GPU has it; on a CPU it is bf16 only where the processor
   multiplies bf16 natively (AVX-512 BF16 or AMX, read from the CPU's own feature flags) *and*
   a bf16 product measures faster than fp32 here; otherwise fp32.
-* :func:`matmul_gflops` -- the rate of a plain matrix product measured now.  Shared machines
+* ``matmul_gflops`` -- the rate of a plain matrix product measured now.  Shared machines
   drift about 2x in speed from hour to hour, so every timing aiayn prints comes with this rate
   measured in the same process: a figure reads as a ratio to the machine, not an absolute.
 """
@@ -22,6 +22,8 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+
+from aiayn.errors import ConfigError
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -97,23 +99,23 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     try:
         device = torch.device(spec)
     except RuntimeError as err:
-        raise ValueError(
+        raise ConfigError(
             f"device {spec!r} is invalid: expected auto, cpu, cuda or cuda:N ({err})"
         ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable GPU"
-            raise ValueError(
+            raise ConfigError(
                 f"device {spec!r} was asked for, but CUDA is not available here ({build});"
                 " use --device cpu, or install the CUDA build of torch (README: Training on GPUs)"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
+            raise ConfigError(
                 f"device {spec!r} does not exist: this machine has"
                 f" {torch.cuda.device_count()} GPU(s), cuda:0..cuda:{torch.cuda.device_count() - 1}"
             )
     elif device.type != "cpu":
-        raise ValueError(f"device {spec!r} is not supported: expected auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"device {spec!r} is not supported: expected auto, cpu, cuda or cuda:N")
     return device
 
 
@@ -126,7 +128,7 @@ def inference_dtype(device: torch.device) -> torch.dtype:
 
 
 def for_inference(model: ModuleT, device: torch.device) -> ModuleT:
-    """``model`` on ``device`` in :func:`inference_dtype`, in evaluation mode: what every
+    """``model`` on ``device`` in ``inference_dtype``, in evaluation mode: what every
     command that decodes or scores does with a loaded checkpoint."""
     model.to(device, inference_dtype(device))
     return model.eval()
@@ -137,7 +139,7 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     if spec in DTYPES:
         return DTYPES[spec]
     if spec != "auto":
-        raise ValueError(f"dtype {spec!r} is invalid: expected one of auto, {', '.join(DTYPES)}")
+        raise ConfigError(f"dtype {spec!r} is invalid: expected one of auto, {', '.join(DTYPES)}")
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if cpu_has_bf16() and bf16_speedup() > 1.3 else torch.float32

@@ -2,7 +2,7 @@
 
 The core -- models, training, checkpoints, generation, translation, BLEU -- needs only torch,
 numpy, safetensors, tokenizers, tqdm, sacrebleu and jinja2.  A command that needs more stops
-with one line naming the extra to install (``aiayn.cli.main`` asks :func:`advice` when an
+with one line naming the extra to install (``aiayn.cli.main`` asks ``advice`` when an
 import fails):
 
 ==========  ==========================================================================

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from aiayn.errors import ConfigError
+
 REGISTRY: dict[str, dict[str, str | Any]] = {
     # PositionScheme subclasses (aiayn/nn/positions/): constructed with the ModelConfig.
     "positional": {
@@ -55,7 +57,7 @@ def resolve(kind: str, name: str) -> Any:
     """The implementation registered as ``name`` (imported on first use)."""
     table = REGISTRY[kind]
     if name not in table:
-        raise ValueError(f"unknown {kind} {name!r}; expected one of {', '.join(table)}")
+        raise ConfigError(f"unknown {kind} {name!r}; expected one of {', '.join(table)}")
     target = table[name]
     if isinstance(target, str):
         module, _, attribute = target.partition(":")
@@ -67,5 +69,5 @@ def resolve(kind: str, name: str) -> Any:
 def register(kind: str, name: str, implementation: str | Any) -> None:
     """Add (or replace) a part under ``name``: an object, or its "module:attribute" path."""
     if kind not in REGISTRY:
-        raise ValueError(f"unknown kind of part {kind!r}; expected one of {', '.join(REGISTRY)}")
+        raise ConfigError(f"unknown kind of part {kind!r}; expected one of {', '.join(REGISTRY)}")
     REGISTRY[kind][name] = implementation

@@ -306,7 +306,10 @@ def print_table(res: Results, sizes: list[int]) -> None:
                 f, fb = res.get((n, mask, backend, "fwd")), res.get((n, mask, backend, "fwd+bwd"))
                 if f is None and fb is None:  # not asked for (--masks, --backends)
                     continue
-                pf, pfb = res.get((n, mask, PEER[mask], "fwd")), res.get((n, mask, PEER[mask], "fwd+bwd"))  # fmt: skip
+                pf, pfb = (
+                    res.get((n, mask, PEER[mask], "fwd")),
+                    res.get((n, mask, PEER[mask], "fwd+bwd")),
+                )
                 print(
                     f"{n:>6} {label:<12}{backend:<11}{cell(f, 'ms', 9, '.1f')}{ratio(f, pf, 'ms')}"
                     f"{cell(fb, 'ms', 10, '.1f')}{ratio(fb, pfb, 'ms')}"
@@ -337,7 +340,9 @@ def summary(res: Results, sizes: list[int]) -> list[dict[str, Any]]:
         return float(x[key] / max(y[key], 1e-9))
 
     def largest(mask: str, a: str, b: str, mode: str) -> int:
-        both = [n for n in sizes if ok(res.get((n, mask, a, mode))) and ok(res.get((n, mask, b, mode)))]  # fmt: skip
+        both = [
+            n for n in sizes if ok(res.get((n, mask, a, mode))) and ok(res.get((n, mask, b, mode)))
+        ]
         return max(both) if both else sizes[-1]
 
     n = sizes[-1]
@@ -345,20 +350,48 @@ def summary(res: Results, sizes: list[int]) -> list[dict[str, Any]]:
     out = []
     for mask in ("none", "causal"):
         for mode in MODES:
-            out.append(check(f"{mask:<8}{mode:<8}memory vs sdpa", rel(n, mask, "flash", "sdpa", mode, "peak_delta_mib"), 1.5, "<="))  # fmt: skip
+            out.append(
+                check(
+                    f"{mask:<8}{mode:<8}memory vs sdpa",
+                    rel(n, mask, "flash", "sdpa", mode, "peak_delta_mib"),
+                    1.5,
+                    "<=",
+                )
+            )
     for mask in ("none", "causal"):
         for mode in MODES:
             m = largest(mask, "flash", "reference", mode)
-            out.append(check(f"{mask:<8}{mode:<8}memory vs reference (n={m})", rel(m, mask, "flash", "reference", mode, "peak_delta_mib"), 0.1, "<="))  # fmt: skip
+            out.append(
+                check(
+                    f"{mask:<8}{mode:<8}memory vs reference (n={m})",
+                    rel(m, mask, "flash", "reference", mode, "peak_delta_mib"),
+                    0.1,
+                    "<=",
+                )
+            )
     for mask in ("none", "causal"):
-        out.append(check(f"{mask:<8}fwd     time vs sdpa", rel(n, mask, "flash", "sdpa", "fwd", "ms"), 2.0, "<="))  # fmt: skip
+        out.append(
+            check(
+                f"{mask:<8}fwd     time vs sdpa",
+                rel(n, mask, "flash", "sdpa", "fwd", "ms"),
+                2.0,
+                "<=",
+            )
+        )
     for mask in ("window", "padding", "causal+pad"):
         for mode in MODES:
-            out.append(check(f"{mask:<8}{mode:<8}memory vs sdpa+mask", rel(n, mask, "flash", "sdpa+mask", mode, "peak_delta_mib"), 1.0, "<"))  # fmt: skip
+            out.append(
+                check(
+                    f"{mask:<8}{mode:<8}memory vs sdpa+mask",
+                    rel(n, mask, "flash", "sdpa+mask", mode, "peak_delta_mib"),
+                    1.0,
+                    "<",
+                )
+            )
     return out
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -376,12 +409,20 @@ def main() -> int:
     )
     ap.add_argument("--quick", action="store_true", help="sizes 256 512 1024, repeat 1")
     ap.add_argument(
-        "--max-reference-n", type=int, nargs="+", default=[16384, 8192], metavar="N",
+        "--max-reference-n",
+        type=int,
+        nargs="+",
+        default=[16384, 8192],
+        metavar="N",
         help="largest n for the reference backend: fwd [fwd+bwd] (default 16384 8192)",
-    )  # fmt: skip
+    )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
     ap.add_argument("--one", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = _parser().parse_args()
     if args.one:
         print("RESULT " + json.dumps(run_one(json.loads(args.one))), flush=True)
         return 0
@@ -428,18 +469,31 @@ def main() -> int:
         for mask in args.masks:
             for backend in backends_for(mask, tuple(args.backends)):
                 for mode in MODES:
-                    spec = {"n": n, "mask": mask, "backend": backend, "mode": mode,
-                            "threads": args.threads, "repeat": args.repeat}  # fmt: skip
+                    spec = {
+                        "n": n,
+                        "mask": mask,
+                        "backend": backend,
+                        "mode": mode,
+                        "threads": args.threads,
+                        "repeat": args.repeat,
+                    }
                     tag = f"n={n:<6} {mask:<8}{backend:<10}{mode:<8}"
                     need = reference_gib(n, mode, mask) if backend == "reference" else 0.0
                     if backend == "reference" and (n > max_ref[mode] or need > available_gib()):
-                        why = "--max-reference-n" if n > max_ref[mode] else f"{available_gib():.1f} GiB available"  # fmt: skip
+                        why = (
+                            "--max-reference-n"
+                            if n > max_ref[mode]
+                            else f"{available_gib():.1f} GiB available"
+                        )
                         r = {**spec, "status": "skipped", "needs_gib": need, "reason": why}
                         print(f"{tag} skipped (needs ~{need:.1f} GiB; {why})", flush=True)
                     else:
                         r = measure(spec, args.timeout)
                         if ok(r):
-                            print(f"{tag} {r['ms']:>10.1f} ms  Δ{r['peak_delta_mib']:>7.0f} MiB  peak {r['peak_rss_mib']:>6.0f} MiB  ({r['wall_s']:.1f} s)", flush=True)  # fmt: skip
+                            print(
+                                f"{tag} {r['ms']:>10.1f} ms  Δ{r['peak_delta_mib']:>7.0f} MiB  peak {r['peak_rss_mib']:>6.0f} MiB  ({r['wall_s']:.1f} s)",
+                                flush=True,
+                            )
                         else:
                             print(f"{tag} OOM/failed: {r.get('error', '')}", flush=True)
                     res[(n, mask, backend, mode)] = r

@@ -134,14 +134,34 @@ def run_measured(argv: list[str], watch: Path | None = None) -> dict[str, Any]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{output[-3000:]}")
-    return {"seconds": seconds, "tree_peak_rss_mb": peak[0] / 1e6,
-            "peak_rss_mb": usage.ru_maxrss * 1024 / 1e6, "first_step_s": first[0], "output": output}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "tree_peak_rss_mb": peak[0] / 1e6,
+        "peak_rss_mb": usage.ru_maxrss * 1024 / 1e6,
+        "first_step_s": first[0],
+        "output": output,
+    }
 
 
 def train_args(out: Path, extra: list[str], steps: int) -> list[str]:
-    return [sys.executable, "-m", "aiayn", "train", str(CONFIG), "--out", str(out),
-            "--set", f"train.max_steps={steps}", "--set", "train.eval_interval=1000000",
-            "--set", "train.checkpoint_interval=1000000", "--set", "train.keep_snapshots=0", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "train",
+        str(CONFIG),
+        "--out",
+        str(out),
+        "--set",
+        f"train.max_steps={steps}",
+        "--set",
+        "train.eval_interval=1000000",
+        "--set",
+        "train.checkpoint_interval=1000000",
+        "--set",
+        "train.keep_snapshots=0",
+        *extra,
+    ]
 
 
 def tokens_per_s(log: Path) -> float:
@@ -170,10 +190,27 @@ def measure_size(pairs: int, data: Path, work: Path, workers: int | None) -> dic
     corpus = work / f"synth-{pairs}"
     src, tgt = make_corpus(data, pairs, corpus)
     shards = corpus / "shards"
-    pre = [sys.executable, "-m", "aiayn", "preprocess", "--source", str(src), "--target", str(tgt),
-           "--valid-source", str(data / "multi30k/val.de.gz"),
-           "--valid-target", str(data / "multi30k/val.en.gz"),
-           "--vocab-size", "8000", "--max-len", "256", "--out", str(shards), "--overwrite"]  # fmt: skip
+    pre = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "preprocess",
+        "--source",
+        str(src),
+        "--target",
+        str(tgt),
+        "--valid-source",
+        str(data / "multi30k/val.de.gz"),
+        "--valid-target",
+        str(data / "multi30k/val.en.gz"),
+        "--vocab-size",
+        "8000",
+        "--max-len",
+        "256",
+        "--out",
+        str(shards),
+        "--overwrite",
+    ]
     if workers:
         pre += ["--workers", str(workers)]
     prep = run_measured(pre)
@@ -189,16 +226,22 @@ def measure_size(pairs: int, data: Path, work: Path, workers: int | None) -> dic
     rate, tokens = reader_rate(shards, 4096)
     consumed = tokens_per_s(run / "log.csv") / tokens
     return {
-        "pairs": pairs, "kept_pairs": header["splits"]["train"]["pairs"],
-        "tokens": header["splits"]["train"]["source"]["tokens"] + header["splits"]["train"]["target"]["tokens"],
+        "pairs": pairs,
+        "kept_pairs": header["splits"]["train"]["pairs"],
+        "tokens": header["splits"]["train"]["source"]["tokens"]
+        + header["splits"]["train"]["target"]["tokens"],
         "shards_mb": sum(f.stat().st_size for f in shards.iterdir()) / 1e6,
-        "preprocess_s": prep["seconds"], "preprocess_peak_mb": prep["tree_peak_rss_mb"],
-        "first_step_s": train["first_step_s"], "resume_first_step_s": resume["first_step_s"],
-        "train_peak_rss_mb": train["peak_rss_mb"], "resume_peak_rss_mb": resume["peak_rss_mb"],
+        "preprocess_s": prep["seconds"],
+        "preprocess_peak_mb": prep["tree_peak_rss_mb"],
+        "first_step_s": train["first_step_s"],
+        "resume_first_step_s": resume["first_step_s"],
+        "train_peak_rss_mb": train["peak_rss_mb"],
+        "resume_peak_rss_mb": resume["peak_rss_mb"],
         "train_tokens_per_s": tokens_per_s(run / "log.csv"),
-        "reader_batches_per_s": rate, "train_batches_per_s": consumed,
+        "reader_batches_per_s": rate,
+        "train_batches_per_s": consumed,
         "reader_over_training": rate / consumed,
-    }  # fmt: skip
+    }
 
 
 def baseline(data: Path, work: Path) -> dict[str, Any]:
@@ -207,8 +250,12 @@ def baseline(data: Path, work: Path) -> dict[str, Any]:
     shutil.rmtree(run, ignore_errors=True)
     extra = ["--data", str(data)]
     got = run_measured(train_args(run, extra, TRAIN_STEPS), watch=run / "log.csv")
-    return {"pairs": 29_000, "first_step_s": got["first_step_s"],
-            "train_peak_rss_mb": got["peak_rss_mb"], "train_tokens_per_s": tokens_per_s(run / "log.csv")}  # fmt: skip
+    return {
+        "pairs": 29_000,
+        "first_step_s": got["first_step_s"],
+        "train_peak_rss_mb": got["peak_rss_mb"],
+        "train_tokens_per_s": tokens_per_s(run / "log.csv"),
+    }
 
 
 def main() -> int:
@@ -237,18 +284,23 @@ def main() -> int:
         f"plain files (Multi30k, 29k pairs): first step after {base['first_step_s']:.1f} s,"
         f" peak RSS {base['train_peak_rss_mb']:,.0f} MB, {base['train_tokens_per_s']:,.0f} tokens/s"
     )
-    head = (f"{'pairs':>10} {'prep s':>8} {'prep MB':>8} {'1st step s':>10} {'resume s':>9}"
-            f" {'train MB':>9} {'vs files':>8} {'reader b/s':>10} {'train b/s':>9} {'ratio':>6}")  # fmt: skip
+    head = (
+        f"{'pairs':>10} {'prep s':>8} {'prep MB':>8} {'1st step s':>10} {'resume s':>9}"
+        f" {'train MB':>9} {'vs files':>8} {'reader b/s':>10} {'train b/s':>9} {'ratio':>6}"
+    )
     print(head)
     for pairs in args.sizes:
         r = measure_size(pairs, data, work, args.workers)
         r["rss_over_plain_files"] = r["train_peak_rss_mb"] / base["train_peak_rss_mb"]
         results["sizes"].append(r)
-        print(f"{pairs:>10,} {r['preprocess_s']:>8.1f} {r['preprocess_peak_mb']:>8,.0f}"
-              f" {r['first_step_s']:>10.1f} {r['resume_first_step_s']:>9.1f}"
-              f" {r['train_peak_rss_mb']:>9,.0f} {r['rss_over_plain_files']:>7.2f}x"
-              f" {r['reader_batches_per_s']:>10,.0f} {r['train_batches_per_s']:>9.2f}"
-              f" {r['reader_over_training']:>5,.0f}x", flush=True)  # fmt: skip
+        print(
+            f"{pairs:>10,} {r['preprocess_s']:>8.1f} {r['preprocess_peak_mb']:>8,.0f}"
+            f" {r['first_step_s']:>10.1f} {r['resume_first_step_s']:>9.1f}"
+            f" {r['train_peak_rss_mb']:>9,.0f} {r['rss_over_plain_files']:>7.2f}x"
+            f" {r['reader_batches_per_s']:>10,.0f} {r['train_batches_per_s']:>9.2f}"
+            f" {r['reader_over_training']:>5,.0f}x",
+            flush=True,
+        )
     results["mm_fp32_gflops_after"] = matmul_gflops(2048)
     print(f"torch.mm fp32 after: {results['mm_fp32_gflops_after']:.0f} GFLOP/s")
     results["max_rss_of_this_process_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3

@@ -62,7 +62,12 @@ def _paper(peak: float, warmup: int, d_model: int = 256) -> list[str]:
 def _curve(steps: int, every: int) -> list[str]:
     """Run ``steps`` steps, keeping a snapshot every ``every`` steps from the third on."""
     n = steps // every - 2
-    return [f"train.max_steps={steps}", f"train.keep_snapshots={n}", f"train.snapshot_fraction={n * every / steps}", f"train.eval_interval={every}"]  # fmt: skip
+    return [
+        f"train.max_steps={steps}",
+        f"train.keep_snapshots={n}",
+        f"train.snapshot_fraction={n * every / steps}",
+        f"train.eval_interval={every}",
+    ]
 
 
 SMALL = ["model.d_ff=512", "data.bpe_vocab_size=4000"]
@@ -127,7 +132,21 @@ def flops_by_step(checkpoint: Path, root: Path, overrides: list[str]) -> list[fl
 
 
 def bleu(checkpoint: Path, root: Path, *extra: str) -> float:
-    ev = [sys.executable, "-m", "aiayn", "evaluate", "--checkpoint", str(checkpoint), "--data", str(root), "--split", "val", "--limit", "500", *extra]  # fmt: skip
+    ev = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "evaluate",
+        "--checkpoint",
+        str(checkpoint),
+        "--data",
+        str(root),
+        "--split",
+        "val",
+        "--limit",
+        "500",
+        *extra,
+    ]
     scored = subprocess.run(ev, capture_output=True, text=True, check=True).stdout
     return float(re.search(r"BLEU ([\d.]+)", scored).group(1))  # type: ignore[union-attr]
 
@@ -135,7 +154,21 @@ def bleu(checkpoint: Path, root: Path, *extra: str) -> float:
 def run_trial(name: str, overrides: list[str], out: Path, root: Path) -> dict[str, Any]:
     """Train the trial; score its snapshots greedily (the curve) and its last step with beam 4."""
     folder = out / name
-    cmd = [sys.executable, "-m", "aiayn", "train", str(CONFIG), "--out", str(folder), "--data", str(root), "--overwrite", "--set", *BASE, *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "train",
+        str(CONFIG),
+        "--out",
+        str(folder),
+        "--data",
+        str(root),
+        "--overwrite",
+        "--set",
+        *BASE,
+        *overrides,
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     train_s = time.perf_counter() - t0

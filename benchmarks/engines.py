@@ -30,10 +30,16 @@ from rounds import cell, spread
 GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
 # Marian-small (opus-mt's shape) with an 8,000-token vocabulary, as tools/ab_generation.py
 MARIAN_SMALL = {
-    "d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8,
-    "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048,
-    "vocab_size": 8000, "max_position_embeddings": 512,
-}  # fmt: skip
+    "d_model": 512,
+    "encoder_layers": 6,
+    "decoder_layers": 6,
+    "encoder_attention_heads": 8,
+    "decoder_attention_heads": 8,
+    "encoder_ffn_dim": 2048,
+    "decoder_ffn_dim": 2048,
+    "vocab_size": 8000,
+    "max_position_embeddings": 512,
+}
 
 
 def _key(shape: dict[str, int]) -> str:
@@ -53,17 +59,24 @@ def gpt2_folder(root: Path, shape: dict[str, int] = GPT2_SMALL, seed: int = 0) -
     if (folder / "tokenizer.json").is_file():
         return folder
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(**shape, bos_token_id=shape["vocab_size"] - 1,
-                                  eos_token_id=shape["vocab_size"] - 1)  # fmt: skip
+    cfg = transformers.GPT2Config(
+        **shape, bos_token_id=shape["vocab_size"] - 1, eos_token_id=shape["vocab_size"] - 1
+    )
     model = transformers.GPT2LMHeadModel(cfg).eval()
     model.save_pretrained(folder)
     tokens = [*_token_list(shape["vocab_size"] - 1), "<|endoftext|>"]
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="t0"))
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>", "unk_token": "t0",
-    }))  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "t0",
+            }
+        )
+    )
     return folder
 
 
@@ -75,8 +88,13 @@ def _spm_model(path: Path, pieces: list[str]) -> None:
     import sentencepiece as spm
 
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter([" ".join(pieces)] * 50), model_writer=buf,
-                                   vocab_size=64, model_type="word", hard_vocab_limit=False)  # fmt: skip
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([" ".join(pieces)] * 50),
+        model_writer=buf,
+        vocab_size=64,
+        model_type="word",
+        hard_vocab_limit=False,
+    )
     path.write_bytes(buf.getvalue())
 
 
@@ -89,19 +107,31 @@ def marian_folder(root: Path, shape: dict[str, int] = MARIAN_SMALL, seed: int = 
         return folder
     v = shape["vocab_size"]
     torch.manual_seed(seed)
-    cfg = transformers.MarianConfig(**shape, pad_token_id=v - 1, decoder_start_token_id=v - 1,
-                                    eos_token_id=0, forced_eos_token_id=0, scale_embedding=True,
-                                    share_encoder_decoder_embeddings=True)  # fmt: skip
+    cfg = transformers.MarianConfig(
+        **shape,
+        pad_token_id=v - 1,
+        decoder_start_token_id=v - 1,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+    )
     model = transformers.MarianMTModel(cfg).eval()
     model.save_pretrained(folder)
     tokens = ["</s>", "<unk>", *(f"▁t{i}" for i in range(2, v - 1)), "<pad>"]
     (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
     for side in ("source", "target"):
         _spm_model(folder / f"{side}.spm", tokens[2:60])
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "MarianTokenizer", "source_lang": "de", "target_lang": "en",
-        "model_max_length": 512,
-    }))  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "MarianTokenizer",
+                "source_lang": "de",
+                "target_lang": "en",
+                "model_max_length": 512,
+            }
+        )
+    )
     return folder
 
 
@@ -136,8 +166,9 @@ def ct2_engine(kind: str, ct2: Path, impl: str, threads: int) -> Any:
     compute_type = impl.removeprefix("ct2-").removesuffix("-1t")
     threads = 1 if impl.endswith("-1t") else threads
     cls = ctranslate2.Generator if kind == "generator" else ctranslate2.Translator
-    return cls(str(ct2), device="cpu", compute_type=compute_type, intra_threads=threads,
-               inter_threads=1)  # fmt: skip
+    return cls(
+        str(ct2), device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
+    )
 
 
 def ct2_impls(threads: int) -> list[str]:
@@ -166,8 +197,11 @@ def ct2_best(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if not runs or ours not in rows:
             continue
         impl = max(runs, key=lambda i: runs[i]["median"])
-        best[kind] = {"engine": impl, "median": runs[impl]["median"],
-                      "aiayn_over": rows[ours]["median"] / runs[impl]["median"]}  # fmt: skip
+        best[kind] = {
+            "engine": impl,
+            "median": runs[impl]["median"],
+            "aiayn_over": rows[ours]["median"] / runs[impl]["median"],
+        }
     return best
 
 
@@ -178,9 +212,11 @@ def agreement(ids: list[list[int]], reference: list[list[int]]) -> float:
 
 
 def engine_rows(
-    got: dict[str, list[dict[str, Any]]], speed: Callable[[dict[str, Any]], float], label: str,
+    got: dict[str, list[dict[str, Any]]],
+    speed: Callable[[dict[str, Any]], float],
+    label: str,
     fmt: str = ".0f",
-) -> dict[str, Any] | None:  # fmt: skip
+) -> dict[str, Any] | None:
     """One case of an engines table, from :func:`rounds.interleaved`'s runs per engine: each
     engine's ``speed`` over the rounds, aiayn's ratio to it (fp32 and int8), the agreement of
     its ids with aiayn fp32's, printed as rows under ``label``; and CTranslate2 at its faster
@@ -194,14 +230,18 @@ def engine_rows(
         if "aiayn-int8" in rows:
             sp["aiayn_int8_over"] = rows["aiayn-int8"]["median"] / sp["median"]
         sp["agreement"] = min(agreement(r["ids"], reference) for r in got[impl])
-        print(f"{label}{impl:<15}{cell(sp, fmt):>22}"
-              f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
-              f"{sp['agreement']:>10.1%}")  # fmt: skip
+        print(
+            f"{label}{impl:<15}{cell(sp, fmt):>22}"
+            f"{sp.get('aiayn_int8_over', math.nan):>15.2f}x{sp['aiayn_over']:>10.2f}x"
+            f"{sp['agreement']:>10.1%}"
+        )
     best = ct2_best(rows)
     if best:
         rows["ct2_best"] = best
     for kind, b in best.items():
         ours = "aiayn" if kind == "float32" else "aiayn int8"
-        print(f"{label}CTranslate2 {kind} at its faster thread count ({b['engine']}):"
-              f" {ours} / it = {b['aiayn_over']:.2f}x")  # fmt: skip
+        print(
+            f"{label}CTranslate2 {kind} at its faster thread count ({b['engine']}):"
+            f" {ours} / it = {b['aiayn_over']:.2f}x"
+        )
     return rows

@@ -196,8 +196,14 @@ def generation(device: torch.device, quick: bool) -> dict[str, dict[str, float]]
 
         def hf_generate(p: torch.Tensor = prompt) -> Any:
             with torch.no_grad():
-                return hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=new,
-                                   min_new_tokens=new, do_sample=False, pad_token_id=0)  # fmt: skip
+                return hf.generate(
+                    p,
+                    attention_mask=torch.ones_like(p),
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
 
         b = timed(hf_generate, device, 2)
         rows[f"b{batch}"] = {"aiayn_tok_s": batch * new / a, "hf_tok_s": batch * new / b}

@@ -67,9 +67,16 @@ SHAPES = {
 
 def config(s: dict[str, int]) -> ModelConfig:
     return get_preset(
-        "gpt2-small", n_layers=s["n_layers"], n_heads=s["n_heads"], d_model=s["d_model"], d_ff=4 * s["d_model"],
-        vocab_size=s["vocab"], max_len=max(s["block"], 320), dropout=0.0, activation="gelu",
-    )  # fmt: skip
+        "gpt2-small",
+        n_layers=s["n_layers"],
+        n_heads=s["n_heads"],
+        d_model=s["d_model"],
+        d_ff=4 * s["d_model"],
+        vocab_size=s["vocab"],
+        max_len=max(s["block"], 320),
+        dropout=0.0,
+        activation="gelu",
+    )
 
 
 def train_flops(s: dict[str, int]) -> float:
@@ -90,10 +97,17 @@ def x_transformers(s: dict[str, int]) -> torch.nn.Module:
     from x_transformers import Decoder, TransformerWrapper
 
     return TransformerWrapper(
-        num_tokens=s["vocab"], max_seq_len=s["block"], attn_layers=Decoder(dim=s["d_model"], depth=s["n_layers"], heads=s["n_heads"],
-                            attn_dim_head=s["d_model"] // s["n_heads"], attn_flash=True),
+        num_tokens=s["vocab"],
+        max_seq_len=s["block"],
+        attn_layers=Decoder(
+            dim=s["d_model"],
+            depth=s["n_layers"],
+            heads=s["n_heads"],
+            attn_dim_head=s["d_model"] // s["n_heads"],
+            attn_flash=True,
+        ),
         tie_embedding=True,
-    )  # fmt: skip
+    )
 
 
 BUILD = {"aiayn": ours, "hf-gpt2-sdpa": hf_gpt2, "x-transformers": x_transformers}
@@ -147,8 +161,13 @@ def measure_train(case: dict[str, Any]) -> dict[str, float]:
 def _gen_folder(shape: str) -> Path:
     """The one Hugging Face folder every engine decodes (benchmarks/engines.py)."""
     s = GEN_SHAPES[shape]
-    hf = {"n_layer": s["n_layers"], "n_embd": s["d_model"], "n_head": s["n_heads"],
-          "vocab_size": s["vocab"], "n_positions": max(s["block"], 320)}  # fmt: skip
+    hf = {
+        "n_layer": s["n_layers"],
+        "n_embd": s["d_model"],
+        "n_head": s["n_heads"],
+        "vocab_size": s["vocab"],
+        "n_positions": max(s["block"], 320),
+    }
     return gpt2_folder(ENGINE_ROOT, hf)
 
 
@@ -168,8 +187,9 @@ def _ct2_runner(case: dict[str, Any], folder: Path) -> Any:
     start = [[tokens[i] for i in row] for row in _prompt(case).tolist()]
 
     def run(new: int) -> list[list[int]]:
-        out = gen.generate_batch(start, max_length=new, min_length=new, sampling_topk=1,
-                                 include_prompt_in_result=False)  # fmt: skip
+        out = gen.generate_batch(
+            start, max_length=new, min_length=new, sampling_topk=1, include_prompt_in_result=False
+        )
         return [[index[t] for t in r.sequences[0]] for r in out]
 
     return run
@@ -192,19 +212,29 @@ def measure_generate(case: dict[str, Any]) -> dict[str, Any]:
 
         def run(new: int) -> list[list[int]]:
             with torch.no_grad():
-                out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
-                                     min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)  # fmt: skip
+                out = model.generate(
+                    prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    use_cache=True,
+                    pad_token_id=0,
+                )
             return out[:, prompt.shape[1] :].tolist()  # type: ignore[no-any-return]
 
     else:
-        precision = {"aiayn": Precision(dtype=case["dtype"]),
-                     "aiayn-int8": Precision(dtype=case["dtype"], quantize="int8"),
-                     "aiayn-bf16": Precision(dtype="bfloat16")}[impl]  # fmt: skip
+        precision = {
+            "aiayn": Precision(dtype=case["dtype"]),
+            "aiayn-int8": Precision(dtype=case["dtype"], quantize="int8"),
+            "aiayn-bf16": Precision(dtype="bfloat16"),
+        }[impl]
         model = apply_precision(aiayn.load(folder).model, torch.device("cpu"), precision)
 
         def run(new: int) -> list[list[int]]:
-            return generate(model, prompt.tolist(), max_new_tokens=new,
-                            sampling=SamplingConfig(temperature=0))  # fmt: skip
+            return generate(
+                model, prompt.tolist(), max_new_tokens=new, sampling=SamplingConfig(temperature=0)
+            )
 
     run(16)
     t0 = time.perf_counter()
@@ -246,14 +276,26 @@ def generation_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[s
         impls += ["aiayn-int8", *ct2_impls(args.threads)]
         if cpu_has_bf16() and args.dtype == "float32":
             impls.append("aiayn-bf16")
-    print(f"\n{'generation':<18}{'batch':>6}  {'engine':<15}{'tok/s':>22}{'aiayn int8 / it':>16}"
-          f"{'aiayn / it':>11}{'same ids':>10}")  # fmt: skip
+    print(
+        f"\n{'generation':<18}{'batch':>6}  {'engine':<15}{'tok/s':>22}{'aiayn int8 / it':>16}"
+        f"{'aiayn / it':>11}{'same ids':>10}"
+    )
     table: dict[str, Any] = {}
     for shape in args.gen_shapes or GEN_SHAPES:
         for batch in (1, 8):
-            cases = [{"name": impl, "what": "generate", "shape": shape, "impl": impl,
-                      "batch": batch, "new": args.new_tokens, **common, **engine_threads(impl)}
-                     for impl in impls]  # fmt: skip
+            cases = [
+                {
+                    "name": impl,
+                    "what": "generate",
+                    "shape": shape,
+                    "impl": impl,
+                    "batch": batch,
+                    "new": args.new_tokens,
+                    **common,
+                    **engine_threads(impl),
+                }
+                for impl in impls
+            ]
             got = interleaved(__file__, cases, args.rounds)
             rows = engine_rows(got, lambda r: r["tok_s"], f"{shape:<18}{batch:>6}  ")
             if rows is not None:
@@ -270,11 +312,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10, help="timed training steps per process")
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--engines", action="store_true",
-                    help="generation: also aiayn with int8 (and bf16) weights, and CTranslate2 at"
-                    " fp32 and int8 (its converter, on the same HF folder), on the run's threads and on one")  # fmt: skip
-    ap.add_argument("--gen-shapes", nargs="*", choices=list(GEN_SHAPES), default=None,
-                    help="generation shapes (default: all)")  # fmt: skip
+    ap.add_argument(
+        "--engines",
+        action="store_true",
+        help="generation: also aiayn with int8 (and bf16) weights, and CTranslate2 at"
+        " fp32 and int8 (its converter, on the same HF folder), on the run's threads and on one",
+    )
+    ap.add_argument(
+        "--gen-shapes",
+        nargs="*",
+        choices=list(GEN_SHAPES),
+        default=None,
+        help="generation shapes (default: all)",
+    )
     ap.add_argument("--quick", action="store_true", help="1 round, few steps: a smoke run")
     ap.add_argument("--no-quality", action="store_true", help="skip the 2,000-step training run")
     ap.add_argument("--no-train", action="store_true", help="skip the training-speed table")

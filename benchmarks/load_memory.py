@@ -55,10 +55,20 @@ def child(which: str, folder: str) -> None:
             p.sum()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     dtype = str(next(model.parameters()).dtype)
-    print(json.dumps({"rss_before": before, "peak_loaded": loaded, "peak": _status("VmHWM"),
-                      "after": _status("VmRSS"),
-                      "param_bytes": params, "seconds": seconds, "dtype": dtype,
-                      "threads": torch.get_num_threads()}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "rss_before": before,
+                "peak_loaded": loaded,
+                "peak": _status("VmHWM"),
+                "after": _status("VmRSS"),
+                "param_bytes": params,
+                "seconds": seconds,
+                "dtype": dtype,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def make(folder: Path, size_gb: float, shard_mb: int, dtype: str) -> int:
@@ -73,9 +83,17 @@ def make(folder: Path, size_gb: float, shard_mb: int, dtype: str) -> int:
     layers = max(1, round((size_gb * 1e9 / bytes_per - 2 * vocab * d) / per_layer))
     if not (folder / "config.json").is_file():
         torch.manual_seed(0)
-        model = aiayn.build_model("llama-style-small", n_layers=layers, d_model=d, n_heads=16,
-                                  n_kv_heads=4, d_ff=ff, vocab_size=vocab, max_len=2048,
-                                  tie_embeddings=False)  # fmt: skip
+        model = aiayn.build_model(
+            "llama-style-small",
+            n_layers=layers,
+            d_model=d,
+            n_heads=16,
+            n_kv_heads=4,
+            d_ff=ff,
+            vocab_size=vocab,
+            max_len=2048,
+            tie_embeddings=False,
+        )
         model = model.to(getattr(torch, dtype))
         save_hf_folder(model, folder, "llama", max_shard_bytes=shard_mb * 2**20)
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
@@ -106,15 +124,21 @@ def main() -> int:
         "dtype": args.dtype,
     }
     for which in ("aiayn", "hf"):
-        out = subprocess.run([sys.executable, __file__, "--child", which, str(folder)],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", which, str(folder)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         r["growth_over_weights"] = (r["peak"] - r["rss_before"]) / on_disk
         r["peak_over_weights"] = r["peak"] / on_disk
         results[which] = r
-        print(f"{which:>6}: RSS before {r['rss_before'] / 1e9:.2f} GB, peak {r['peak'] / 1e9:.2f} GB"
-              f" (growth {r['growth_over_weights']:.3f}x the weights, peak {r['peak_over_weights']:.3f}x),"
-              f" {r['seconds']:.1f} s, {r['dtype']}")  # fmt: skip
+        print(
+            f"{which:>6}: RSS before {r['rss_before'] / 1e9:.2f} GB, peak {r['peak'] / 1e9:.2f} GB"
+            f" (growth {r['growth_over_weights']:.3f}x the weights, peak {r['peak_over_weights']:.3f}x),"
+            f" {r['seconds']:.1f} s, {r['dtype']}"
+        )
     Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.json}")
     return 0

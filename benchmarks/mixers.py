@@ -96,8 +96,10 @@ def main() -> int:
         if got[n]:
             table[n] = {k: spread([r[k] for r in got[n]]) for k in got[n][0]}
     base = table.get("softmax")
-    print(f"{'mixer':<20}{'params':>9}{'train ms/step':>22}{'×':>6}{'decode ms/token':>20}{'×':>6}"
-          f"{'cache @256':>12}{'cache @4096':>13}")  # fmt: skip
+    print(
+        f"{'mixer':<20}{'params':>9}{'train ms/step':>22}{'×':>6}{'decode ms/token':>20}{'×':>6}"
+        f"{'cache @256':>12}{'cache @4096':>13}"
+    )
     for n, t in table.items():
         r_train = t["train_ms"]["median"] / base["train_ms"]["median"] if base else float("nan")
         r_dec = (
@@ -105,11 +107,16 @@ def main() -> int:
             if base
             else float("nan")
         )
-        print(f"{n:<20}{t['params']['median']:>9.0f}{cell(t['train_ms'], '.1f'):>22}{r_train:>6.2f}"
-              f"{cell(t['decode_ms_per_token'], '.2f'):>20}{r_dec:>6.2f}"
-              f"{t['cache_bytes_256']['median'] / 2**10:>9.0f} KiB{t['cache_bytes_4096']['median'] / 2**10:>9.0f} KiB")  # fmt: skip
-    Path(args.json).write_text(json.dumps({"host": rates, "threads": threads, "rounds": args.rounds,
-                                           "results": table}, indent=1))  # fmt: skip
+        print(
+            f"{n:<20}{t['params']['median']:>9.0f}{cell(t['train_ms'], '.1f'):>22}{r_train:>6.2f}"
+            f"{cell(t['decode_ms_per_token'], '.2f'):>20}{r_dec:>6.2f}"
+            f"{t['cache_bytes_256']['median'] / 2**10:>9.0f} KiB{t['cache_bytes_4096']['median'] / 2**10:>9.0f} KiB"
+        )
+    Path(args.json).write_text(
+        json.dumps(
+            {"host": rates, "threads": threads, "rounds": args.rounds, "results": table}, indent=1
+        )
+    )
     print(f"wrote {args.json}")
     return 0
 

@@ -38,22 +38,39 @@ PRECISIONS = {
 
 def aiayn(*argv: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "aiayn", *argv], env=env, capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", *argv], env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"aiayn {' '.join(argv)} failed:\n{done.stderr[-2000:]}")
     return done.stdout
 
 
 def bleu(checkpoint: str, data: str, sentences: int, flags: list[str]) -> dict[str, Any]:
-    out = aiayn("evaluate", "--checkpoint", checkpoint, "--data", data, "--split", "test_2016_flickr",
-                "--limit", str(sentences), "--device", "cpu", *flags)  # fmt: skip
+    out = aiayn(
+        "evaluate",
+        "--checkpoint",
+        checkpoint,
+        "--data",
+        data,
+        "--split",
+        "test_2016_flickr",
+        "--limit",
+        str(sentences),
+        "--device",
+        "cpu",
+        *flags,
+    )
     m = re.search(r"BLEU ([\d.]+)\s+chrF ([\d.]+).*\[(.*)\]", out)
     if not m:
         raise RuntimeError(f"no score in: {out}")
     speed = re.search(r"([\d.]+) sentences/s", out)
-    return {"bleu": float(m.group(1)), "chrf": float(m.group(2)), "signature": m.group(3),
-            "sentences_per_s": float(speed.group(1)) if speed else None}  # fmt: skip
+    return {
+        "bleu": float(m.group(1)),
+        "chrf": float(m.group(2)),
+        "signature": m.group(3),
+        "sentences_per_s": float(speed.group(1)) if speed else None,
+    }
 
 
 def val_loss(checkpoint: str, data: str, flags: list[str]) -> float:
@@ -83,8 +100,11 @@ def main() -> int:
         results["translation"][name] = got = bleu(
             args.translation, args.data, args.sentences, flags
         )
-        print(f"translation {name:<22} BLEU {got['bleu']:.2f}  chrF {got['chrf']:.2f}"
-              f"  ({got['sentences_per_s']} sentences/s)", flush=True)  # fmt: skip
+        print(
+            f"translation {name:<22} BLEU {got['bleu']:.2f}  chrF {got['chrf']:.2f}"
+            f"  ({got['sentences_per_s']} sentences/s)",
+            flush=True,
+        )
     lm = args.lm
     with tempfile.TemporaryDirectory() as tmp:
         if lm is None:

@@ -181,8 +181,21 @@ def _train(config: Path, out: Path, steps: int, root: Path) -> dict[str, Any]:
 
     # A run killed before its first checkpoint left only its log: nothing to resume, start over.
     resume = ["--resume"] if RunDir(out).latest() is not None else ["--overwrite"]
-    cmd = [sys.executable, "-m", "aiayn", "train", str(config), "--out", str(out), "--data",
-           str(root), "--set", f"train.max_steps={steps}", "train.linear_kernel=mkl", *resume]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "train",
+        str(config),
+        "--out",
+        str(out),
+        "--data",
+        str(root),
+        "--set",
+        f"train.max_steps={steps}",
+        "train.linear_kernel=mkl",
+        *resume,
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
     return {"steps": steps, "wall_s_last_invocation": time.perf_counter() - t0}
@@ -196,13 +209,18 @@ def _score(folder: Path, root: Path) -> dict[str, float]:
     bundle = load(folder / "checkpoint")
     pairs = multi30k(root / "multi30k", "test_2016_flickr", "de", "en")
     scores, _ = evaluate_translation(
-        bundle.model.eval(), bundle.tokenizer, [p.source for p in pairs],  # type: ignore[arg-type]
+        bundle.model.eval(),
+        bundle.tokenizer,
+        [p.source for p in pairs],  # type: ignore[arg-type]
         [p.target for p in pairs],
-    )  # fmt: skip
+    )
     rows = (folder / "log.csv").read_text().splitlines()[1:]
     tok_s = [float(r.split(",")[4]) for r in rows if r.split(",")[4]]
-    return {"test_bleu": scores.bleu, "test_chrf": scores.chrf,
-            "train_tokens_per_s": statistics.median(tok_s) if tok_s else math.nan}  # fmt: skip
+    return {
+        "test_bleu": scores.bleu,
+        "test_chrf": scores.chrf,
+        "train_tokens_per_s": statistics.median(tok_s) if tok_s else math.nan,
+    }
 
 
 def _equal_time_steps(tf_steps: int, seconds: dict[str, float], name: str) -> int:
@@ -234,8 +252,11 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
         seconds = _step_seconds(list(CONFIGS), tokenizer, root)
         saved.write_text(json.dumps(seconds))
     result["step_seconds_same_batches"] = seconds
-    result["transformer"] = {"steps": tf_steps, "flops": tf_flops,
-                             **_score(out / "transformer", root)}  # fmt: skip
+    result["transformer"] = {
+        "steps": tf_steps,
+        "flops": tf_flops,
+        **_score(out / "transformer", root),
+    }
     for name in ("gru-attention", "gru-plain"):
         run = load_run_config(CONFIGS[name])
         config = run.model.replace(vocab_size=tokenizer.vocab_size, pad_id=0)
@@ -246,8 +267,11 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
         for budget, steps in budgets.items():
             folder = out / f"{name}-{budget}"
             _train(CONFIGS[name], folder, steps, root)
-            result[f"{name}/{budget}"] = {"steps": steps, **_score(folder, root),
-                                          "params": build_model(config).num_parameters()}  # fmt: skip
+            result[f"{name}/{budget}"] = {
+                "steps": steps,
+                **_score(folder, root),
+                "params": build_model(config).num_parameters(),
+            }
             print(name, budget, result[f"{name}/{budget}"], flush=True)
     print(_markdown_table(result))
     return result
@@ -255,10 +279,15 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
 
 def _markdown_table(result: dict[str, Any]) -> str:
     """The train stage's rows as the README's table: budget, steps, test BLEU, chrF, tok/s."""
-    lines = ["| model | budget | steps | test BLEU | chrF | train tok/s (median) |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
-    labels = {"transformer": "Transformer 3+3 x 256", "gru-attention": "GRU + Bahdanau attention",
-              "gru-plain": "GRU, last state only"}  # fmt: skip
+    lines = [
+        "| model | budget | steps | test BLEU | chrF | train tok/s (median) |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    labels = {
+        "transformer": "Transformer 3+3 x 256",
+        "gru-attention": "GRU + Bahdanau attention",
+        "gru-plain": "GRU, last state only",
+    }
     budgets = {"": "its config", "equal-flops": "equal FLOPs", "equal-time": "equal wall-clock"}
     for key, row in result.items():
         if not isinstance(row, dict) or "test_bleu" not in row:
@@ -307,8 +336,11 @@ def stage_reach(out: Path, root: Path, steps: int | None, min_len: int = 20) -> 
     reach: dict[str, Any] = {}
     for label, folder in _reach_models(out, root, steps).items():
         bundle = load(folder / "checkpoint")
-        pairs = [e for e in encode_pairs(load_pairs(run, root, "val"), bundle.tokenizer)  # type: ignore[arg-type]
-                 if len(e[1]) - 1 >= min_len]  # fmt: skip
+        pairs = [
+            e
+            for e in encode_pairs(load_pairs(run, root, "val"), bundle.tokenizer)  # type: ignore[arg-type]
+            if len(e[1]) - 1 >= min_len
+        ]
         batches = [collate(pairs[i : i + 16]) for i in range(0, len(pairs), 16)]
         means, counts = gradient_by_distance(
             bundle.model, batches, pad_id=0, max_distance=min_len - 1
@@ -344,8 +376,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="runs/rnn_vs_transformer")
     ap.add_argument("--data", default=None)
-    ap.add_argument("--steps", type=int, default=None,
-                    help="reach: train the Transformer this many steps, the GRUs equal time")  # fmt: skip
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="reach: train the Transformer this many steps, the GRUs equal time",
+    )
     args = ap.parse_args()
     from aiayn.data.files import data_dir
 
@@ -359,8 +395,12 @@ def main() -> int:
         got = stage_train(Path(args.out), data_dir(args.data))
     else:
         got = stage_reach(Path(args.out), data_dir(args.data), args.steps)
-    results[args.stage] = {"host": rates, "threads": torch.get_num_threads(),
-                           "seconds": time.perf_counter() - t0, "result": got}  # fmt: skip
+    results[args.stage] = {
+        "host": rates,
+        "threads": torch.get_num_threads(),
+        "seconds": time.perf_counter() - t0,
+        "result": got,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1))
     print(f"wrote {RESULTS}")

@@ -62,8 +62,11 @@ def interleaved(
             try:
                 done = subprocess.run(
                     [sys.executable, str(script), CHILD_FLAG, json.dumps(case)],
-                    capture_output=True, text=True, env=env, timeout=timeout_s,
-                )  # fmt: skip
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=timeout_s,
+                )
             except subprocess.TimeoutExpired:
                 print(f"  {case[label]}: no result within {timeout_s} s, left out")
                 continue

@@ -68,8 +68,9 @@ def make_checkpoint(folder: Path, text: str) -> None:
 
     tok = CharTokenizer.from_text(text)
     torch.manual_seed(0)
-    model = aiayn.build_model("gpt2-small", **{**SHAPE, "vocab_size": tok.vocab_size},
-                              dropout=0.0, activation="gelu")  # fmt: skip
+    model = aiayn.build_model(
+        "gpt2-small", **{**SHAPE, "vocab_size": tok.vocab_size}, dropout=0.0, activation="gelu"
+    )
     save(model, folder)
     tok.save(folder / TOKENIZER_FILE)
 
@@ -127,9 +128,15 @@ def hf_server(checkpoint: str, port: int) -> None:
 
         def run() -> None:
             with lock, torch.no_grad():
-                model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                               max_new_tokens=body["max_tokens"], min_new_tokens=body["max_tokens"],
-                               pad_token_id=0, streamer=Streamer(loop, queue))  # fmt: skip
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=body["max_tokens"],
+                    min_new_tokens=body["max_tokens"],
+                    pad_token_id=0,
+                    streamer=Streamer(loop, queue),
+                )
 
         task = asyncio.get_running_loop().run_in_executor(None, run)
 
@@ -223,20 +230,33 @@ def engine_load(model: Any, tok: Any, work: list[dict[str, Any]], c: int) -> dic
         for i, body in enumerate(work):
             gate.acquire()
             stamps[i] = [time.perf_counter()]
-            engine.submit(Request(tok.encode(body["prompt"]), body["max_tokens"],
-                                  SamplingConfig(temperature=0), emit=partial(emit, i)))  # fmt: skip
+            engine.submit(
+                Request(
+                    tok.encode(body["prompt"]),
+                    body["max_tokens"],
+                    SamplingConfig(temperature=0),
+                    emit=partial(emit, i),
+                )
+            )
 
     t0 = time.perf_counter()
     threading.Thread(target=drive, daemon=True).start()
     engine.run()  # until the last request is done
     wall = time.perf_counter() - t0
-    per = [{"ttft": st[1] - st[0], "tpot": (st[-1] - st[1]) / max(1, len(st) - 2),
-            "tokens": len(st) - 1} for st in stamps.values()]  # fmt: skip
+    per = [
+        {
+            "ttft": st[1] - st[0],
+            "tpot": (st[-1] - st[1]) / max(1, len(st) - 2),
+            "tokens": len(st) - 1,
+        }
+        for st in stamps.values()
+    ]
     return _summary(c, per, wall, 0.0)
 
 
-def engine_child(variant: str, checkpoint: str, requests: list[dict[str, Any]],
-                 concurrencies: list[int]) -> list[dict[str, Any]]:  # fmt: skip
+def engine_child(
+    variant: str, checkpoint: str, requests: list[dict[str, Any]], concurrencies: list[int]
+) -> list[dict[str, Any]]:
     """Every concurrency's :func:`engine_load` for one variant, after a warm-up load."""
     import aiayn
     from aiayn.models.precision import Precision, apply_precision
@@ -245,8 +265,10 @@ def engine_child(variant: str, checkpoint: str, requests: list[dict[str, Any]],
     if variant == "aiayn-padded":
         slots.ragged_groups = lambda keys: ((0, len(keys), max(keys)),)  # type: ignore[assignment]
     bundle = aiayn.load(checkpoint)
-    precision = Precision(kv_cache="bfloat16" if variant.endswith("bf16kv") else None,
-                          quantize="int8" if "int8" in variant else None)  # fmt: skip
+    precision = Precision(
+        kv_cache="bfloat16" if variant.endswith("bf16kv") else None,
+        quantize="int8" if "int8" in variant else None,
+    )
     model = apply_precision(bundle.model, torch.device("cpu"), precision)
     engine_load(model, bundle.tokenizer, requests[:4], 2)  # warm-up
     return [engine_load(model, bundle.tokenizer, requests, c) for c in concurrencies]
@@ -259,21 +281,46 @@ def _summary(c: int, results: list[dict[str, float]], wall: float, cpu: float) -
         values = sorted(r[key] for r in results)
         return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
-    return {"concurrency": c, "requests": len(results), "tokens": tokens,
-            "wall_s": wall, "tok_s": tokens / wall, "client_cpu_s": cpu,
-            "ttft_p50_ms": 1000 * pct("ttft", 0.5), "ttft_p99_ms": 1000 * pct("ttft", 0.99),
-            "tpot_p50_ms": 1000 * pct("tpot", 0.5), "tpot_p99_ms": 1000 * pct("tpot", 0.99),
-            "tpot_mean_ms": 1000 * statistics.mean(r["tpot"] for r in results)}  # fmt: skip
+    return {
+        "concurrency": c,
+        "requests": len(results),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_s": tokens / wall,
+        "client_cpu_s": cpu,
+        "ttft_p50_ms": 1000 * pct("ttft", 0.5),
+        "ttft_p99_ms": 1000 * pct("ttft", 0.99),
+        "tpot_p50_ms": 1000 * pct("tpot", 0.5),
+        "tpot_p99_ms": 1000 * pct("tpot", 0.99),
+        "tpot_mean_ms": 1000 * statistics.mean(r["tpot"] for r in results),
+    }
 
 
-def run_engine(variant: str, checkpoint: Path, requests: list[dict[str, Any]],
-               concurrencies: list[int], threads: int) -> list[dict[str, Any]]:  # fmt: skip
+def run_engine(
+    variant: str,
+    checkpoint: Path,
+    requests: list[dict[str, Any]],
+    concurrencies: list[int],
+    threads: int,
+) -> list[dict[str, Any]]:
     """:func:`engine_child` in a fresh process (its own allocator, caches and threads)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    job = json.dumps({"variant": variant, "checkpoint": str(checkpoint), "requests": requests,
-                      "concurrency": concurrencies})  # fmt: skip
-    done = subprocess.run([sys.executable, __file__, "--engine-child", job], env=env,
-                          capture_output=True, text=True, timeout=1800, check=True)  # fmt: skip
+    job = json.dumps(
+        {
+            "variant": variant,
+            "checkpoint": str(checkpoint),
+            "requests": requests,
+            "concurrency": concurrencies,
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, __file__, "--engine-child", job],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -308,9 +355,24 @@ def start(
         cmd = [sys.executable, __file__, "--hf-server", str(checkpoint), "--port", str(port)]
     else:
         rows = kind.split(":")[1] if ":" in kind else "16"
-        cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(checkpoint),
-               "--port", str(port), "--max-batch", rows, "--max-queue", "256",
-               "--log-level", "warning", "--device", "cpu"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "aiayn",
+            "serve",
+            "--checkpoint",
+            str(checkpoint),
+            "--port",
+            str(port),
+            "--max-batch",
+            rows,
+            "--max-queue",
+            "256",
+            "--log-level",
+            "warning",
+            "--device",
+            "cpu",
+        ]
         if kind == "aiayn-unbatched":
             cmd.append("--no-batching")
     proc = subprocess.Popen(cmd, env=env)
@@ -341,10 +403,12 @@ def ratios(runs: dict[str, list[dict[str, Any]]], rounds: int) -> dict[str, dict
     out: dict[str, dict[str, list[float]]] = {}
     for key, got in runs.items():
         c = key.split("@")[1]
-        pairs = {"x_unbatched": (f"aiayn-unbatched@{c}", "tok_s", "tok_s"),
-                 "x_hf": (f"hf@{c}", "tok_s", "tok_s"),
-                 "x_baseline": (f"baseline@{c}", "tok_s", "tok_s"),
-                 "p99_tpot_over_lone": ("aiayn@1", "tpot_p99_ms", "tpot_p50_ms")}  # fmt: skip
+        pairs = {
+            "x_unbatched": (f"aiayn-unbatched@{c}", "tok_s", "tok_s"),
+            "x_hf": (f"hf@{c}", "tok_s", "tok_s"),
+            "x_baseline": (f"baseline@{c}", "tok_s", "tok_s"),
+            "p99_tpot_over_lone": ("aiayn@1", "tpot_p99_ms", "tpot_p50_ms"),
+        }
         out[key] = {}
         for name, (peer, mine, theirs) in pairs.items():
             if peer in runs:
@@ -352,7 +416,7 @@ def ratios(runs: dict[str, list[dict[str, Any]]], rounds: int) -> dict[str, dict
     return out
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -370,27 +434,47 @@ def main() -> int:
         help="also serve aiayn as it was at git REF (server 'baseline'): tokens/s of"
         " each server over it, within each round",
     )
-    ap.add_argument("--in-process", action="store_true",
-                    help="the engine in-process, without HTTP: ragged attention, attention padded"
-                    " to the longest row, and a bf16 KV cache (JSON: serve_in_process.json)")  # fmt: skip
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the engine in-process, without HTTP: ragged attention, attention padded"
+        " to the longest row, and a bf16 KV cache (JSON: serve_in_process.json)",
+    )
     ap.add_argument("--engine-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--hf-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def _run_child(args: argparse.Namespace) -> bool:
+    """Run this process as one of the run's servers (``--hf-server``, ``--engine-child``),
+    if it is one."""
     if args.hf_server:
         hf_server(args.hf_server, args.port)
-        return 0
+        return True
     if args.engine_child:
         job = json.loads(args.engine_child)
         got = engine_child(job["variant"], job["checkpoint"], job["requests"], job["concurrency"])
         print(json.dumps(got))
-        return 0
+        return True
+    return False
+
+
+def _text(data: str | None) -> str:
+    """Tiny Shakespeare from the data folder, or a fixed text without it."""
     from aiayn.data.files import data_dir
 
     try:
-        text = (data_dir(args.data) / "tinyshakespeare" / "input.txt").read_text()
+        return (data_dir(data) / "tinyshakespeare" / "input.txt").read_text()
     except (OSError, ValueError):
-        text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
+        return "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    if _run_child(args):
+        return 0
+    text = _text(args.data)
     rates = [host_rates()]
     print(rates_line(rates[0]), flush=True)
     requests = workload(text, args.requests)
@@ -418,9 +502,12 @@ def main() -> int:
                     for c in args.concurrency:
                         got = asyncio.run(load(servers[kind][1], requests, c))
                         runs.setdefault(f"{kind}@{c}", []).append(got)
-                        print(f"round {r + 1} {kind:>16} c={c:<3} {got['tok_s']:8.1f} tok/s  TTFT p50/p99 "
-                              f"{got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT p50/p99 "
-                              f"{got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms  client CPU {got['client_cpu_s']:.2f} s of {got['wall_s']:.2f} s", flush=True)  # fmt: skip
+                        print(
+                            f"round {r + 1} {kind:>16} c={c:<3} {got['tok_s']:8.1f} tok/s  TTFT p50/p99 "
+                            f"{got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT p50/p99 "
+                            f"{got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms  client CPU {got['client_cpu_s']:.2f} s of {got['wall_s']:.2f} s",
+                            flush=True,
+                        )
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
@@ -429,11 +516,17 @@ def main() -> int:
     rates.append(host_rates())
     print(rates_line(rates[1]), flush=True)
     within = ratios(runs, args.rounds)
-    results = {key: {"concurrency": got[0]["concurrency"], "requests": got[0]["requests"],
-                     "tokens": got[0]["tokens"], "rounds": got,
-                     **{m: spread([g[m] for g in got]) for m in METRICS},
-                     **{name: spread(v) for name, v in within[key].items()}}
-               for key, got in runs.items()}  # fmt: skip
+    results = {
+        key: {
+            "concurrency": got[0]["concurrency"],
+            "requests": got[0]["requests"],
+            "tokens": got[0]["tokens"],
+            "rounds": got,
+            **{m: spread([g[m] for g in got]) for m in METRICS},
+            **{name: spread(v) for name, v in within[key].items()},
+        }
+        for key, got in runs.items()
+    }
     print(f"\nmedians over {args.rounds} rounds (min-max); ratios taken within each round")
     print(
         f"{'server':>16} {'C':>3} {'tok/s':>17} {'× unbatched':>17} {'× hf':>17} "
@@ -442,11 +535,13 @@ def main() -> int:
     nan = {"median": float("nan"), "min": float("nan"), "max": float("nan")}
     for key, row in results.items():
         kind, c = key.split("@")
-        print(f"{kind:>16} {c:>3} {cell(row['tok_s']):>17} {cell(row.get('x_unbatched', nan), '.2f'):>17}"
-              f" {cell(row.get('x_hf', nan), '.2f'):>17} {cell(row.get('x_baseline', nan), '.3f'):>19}"
-              f" {row['ttft_p50_ms']['median']:8.1f}/{row['ttft_p99_ms']['median']:8.1f}"
-              f" {row['tpot_p50_ms']['median']:7.2f}/{row['tpot_p99_ms']['median']:7.2f}"
-              f" {cell(row.get('p99_tpot_over_lone', nan), '.2f'):>17}")  # fmt: skip
+        print(
+            f"{kind:>16} {c:>3} {cell(row['tok_s']):>17} {cell(row.get('x_unbatched', nan), '.2f'):>17}"
+            f" {cell(row.get('x_hf', nan), '.2f'):>17} {cell(row.get('x_baseline', nan), '.3f'):>19}"
+            f" {row['ttft_p50_ms']['median']:8.1f}/{row['ttft_p99_ms']['median']:8.1f}"
+            f" {row['tpot_p50_ms']['median']:7.2f}/{row['tpot_p99_ms']['median']:7.2f}"
+            f" {cell(row.get('p99_tpot_over_lone', nan), '.2f'):>17}"
+        )
     out = {
         "host": rates,
         "threads": args.threads,
@@ -462,8 +557,12 @@ def main() -> int:
     return 0
 
 
-def in_process(args: argparse.Namespace, checkpoint: Path, requests: list[dict[str, Any]],
-               rates: list[dict[str, float]]) -> int:  # fmt: skip
+def in_process(
+    args: argparse.Namespace,
+    checkpoint: Path,
+    requests: list[dict[str, Any]],
+    rates: list[dict[str, float]],
+) -> int:
     """The in-process table: every engine variant at every concurrency, a fresh process per
     variant and round, the variants' order rotated per round; p99 TPOT over the lone request's
     (the same variant at concurrency 1, its p50) within each round."""
@@ -473,9 +572,12 @@ def in_process(args: argparse.Namespace, checkpoint: Path, requests: list[dict[s
         for variant in ENGINES[shift:] + ENGINES[:shift]:
             for got in run_engine(variant, checkpoint, requests, args.concurrency, args.threads):
                 runs.setdefault(f"{variant}@{got['concurrency']}", []).append(got)
-                print(f"round {r + 1} {variant:>14} c={got['concurrency']:<3} {got['tok_s']:8.1f} tok/s"
-                      f"  TTFT p50/p99 {got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT"
-                      f" p50/p99 {got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms", flush=True)  # fmt: skip
+                print(
+                    f"round {r + 1} {variant:>14} c={got['concurrency']:<3} {got['tok_s']:8.1f} tok/s"
+                    f"  TTFT p50/p99 {got['ttft_p50_ms']:7.1f}/{got['ttft_p99_ms']:7.1f} ms  TPOT"
+                    f" p50/p99 {got['tpot_p50_ms']:6.2f}/{got['tpot_p99_ms']:6.2f} ms",
+                    flush=True,
+                )
     rates.append(host_rates())
     print(rates_line(rates[1]), flush=True)
     results = {}
@@ -483,19 +585,34 @@ def in_process(args: argparse.Namespace, checkpoint: Path, requests: list[dict[s
         variant = key.split("@")[0]
         lone = runs[f"{variant}@1"]
         over = [g["tpot_p99_ms"] / lone[i]["tpot_p50_ms"] for i, g in enumerate(got)]
-        results[key] = {"rounds": got, **{m: spread([g[m] for g in got]) for m in METRICS},
-                        "p99_tpot_over_lone": spread(over)}  # fmt: skip
+        results[key] = {
+            "rounds": got,
+            **{m: spread([g[m] for g in got]) for m in METRICS},
+            "p99_tpot_over_lone": spread(over),
+        }
     print(f"\nin process, medians over {args.rounds} rounds (min-max)")
     print(f"{'engine':>14} {'C':>3} {'tok/s':>17} {'TPOT p50/p99 ms':>17} {'p99 TPOT / lone':>17}")
     for key, row in results.items():
         variant, c = key.split("@")
-        print(f"{variant:>14} {c:>3} {cell(row['tok_s']):>17}"
-              f" {row['tpot_p50_ms']['median']:8.2f}/{row['tpot_p99_ms']['median']:7.2f}"
-              f" {cell(row['p99_tpot_over_lone'], '.2f'):>17}")  # fmt: skip
+        print(
+            f"{variant:>14} {c:>3} {cell(row['tok_s']):>17}"
+            f" {row['tpot_p50_ms']['median']:8.2f}/{row['tpot_p99_ms']['median']:7.2f}"
+            f" {cell(row['p99_tpot_over_lone'], '.2f'):>17}"
+        )
     path = Path(args.json).with_name("serve_in_process.json")
-    path.write_text(json.dumps({"host": rates, "threads": args.threads, "shape": SHAPE,
-                                "requests": args.requests, "rounds": args.rounds,
-                                "results": results}, indent=1))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "host": rates,
+                "threads": args.threads,
+                "shape": SHAPE,
+                "requests": args.requests,
+                "rounds": args.rounds,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {path}")
     return 0
 

@@ -65,13 +65,23 @@ def main() -> int:
     # every batch the run draws, from both sources
     files, from_shards = PlainFiles(run, data), TokenShards(shards)
     tokenizer = files.tokenizer()
-    tasks = [TranslationTask(*src.splits(tokenizer, run.model.max_len), max_tokens=run.train.max_tokens or 0,
-                             label_smoothing=0.1, seed=run.train.seed) for src in (files, from_shards)]  # fmt: skip
+    tasks = [
+        TranslationTask(
+            *src.splits(tokenizer, run.model.max_len),
+            max_tokens=run.train.max_tokens or 0,
+            label_smoothing=0.1,
+            seed=run.train.seed,
+        )
+        for src in (files, from_shards)
+    ]
     draws = run.train.max_steps * run.train.grad_accum
     same = all(
         all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-        for a, b in ((tasks[0].next_batches(1, 0, 1)[0], tasks[1].next_batches(1, 0, 1)[0]) for _ in range(draws))
-    )  # fmt: skip
+        for a, b in (
+            (tasks[0].next_batches(1, 0, 1)[0], tasks[1].next_batches(1, 0, 1)[0])
+            for _ in range(draws)
+        )
+    )
     result["batches_compared"], result["batches_equal"] = draws, same
     print(f"{draws:,} batches drawn from each: equal = {same}")
     models = {}
@@ -89,8 +99,13 @@ def main() -> int:
     )
     pairs = pairs[: args.sentences]
     for name, bundle in models.items():
-        scores, _ = evaluate_translation(bundle.model.eval(), bundle.tokenizer, [p.source for p in pairs],
-                                         [p.target for p in pairs], beam=PAPER_BEAM)  # fmt: skip
+        scores, _ = evaluate_translation(
+            bundle.model.eval(),
+            bundle.tokenizer,
+            [p.source for p in pairs],
+            [p.target for p in pairs],
+            beam=PAPER_BEAM,
+        )
         result[f"{name}_bleu"], result["signature"] = scores.bleu, scores.signature
         print(f"from {name}: {scores}")
     Path(args.json).write_text(json.dumps(result, indent=2))

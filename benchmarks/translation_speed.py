@@ -71,9 +71,15 @@ ENGINE_ROOT = Path(__file__).resolve().parent / ".engines"  # the HF folders all
 
 def ours() -> nn.Module:
     return aiayn.build_model(
-        "paper-base", n_layers=LAYERS, d_model=D, n_heads=H, d_ff=FF, vocab_size=V, max_len=256,
+        "paper-base",
+        n_layers=LAYERS,
+        d_model=D,
+        n_heads=H,
+        d_ff=FF,
+        vocab_size=V,
+        max_len=256,
         dropout=0.0,
-    )  # fmt: skip
+    )
 
 
 class TorchTransformer(nn.Module):
@@ -98,12 +104,26 @@ def marian() -> nn.Module:
     from transformers import MarianConfig, MarianMTModel
 
     cfg = MarianConfig(
-        vocab_size=V, d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS,
-        encoder_attention_heads=H, decoder_attention_heads=H, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
-        max_position_embeddings=256, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        activation_function="relu", pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS,
-        forced_eos_token_id=None, scale_embedding=True, share_encoder_decoder_embeddings=True,
-    )  # fmt: skip
+        vocab_size=V,
+        d_model=D,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=H,
+        decoder_attention_heads=H,
+        encoder_ffn_dim=FF,
+        decoder_ffn_dim=FF,
+        max_position_embeddings=256,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation_function="relu",
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=None,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+    )
     return MarianMTModel(cfg)
 
 
@@ -190,9 +210,15 @@ def measure_beam(case: dict[str, Any]) -> dict[str, float]:
         else:
             n = c.shape[1] + 50
             model.generate(
-                input_ids=c, attention_mask=c != PAD, num_beams=4, length_penalty=0.6,
-                early_stopping=True, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-            )  # fmt: skip
+                input_ids=c,
+                attention_mask=c != PAD,
+                num_beams=4,
+                length_penalty=0.6,
+                early_stopping=True,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+            )
 
     # aiayn's decoding products run on weights packed once per run, as `aiayn translate` does
     # (aiayn/generate/translate.py): the same run-time choice, per weight shape, of packed
@@ -233,9 +259,13 @@ def measure_engine(case: dict[str, Any]) -> dict[str, Any]:
         engine = ct2_engine("translator", ct2, impl, case["threads"])
 
         def decode(c: torch.Tensor) -> list[list[int]]:
-            out = engine.translate_batch([[tokens[i] for i in row] for row in c.tolist()],
-                                         beam_size=4, length_penalty=0.6, max_decoding_length=ENGINE_OUT,
-                                         min_decoding_length=ENGINE_OUT)  # fmt: skip
+            out = engine.translate_batch(
+                [[tokens[i] for i in row] for row in c.tolist()],
+                beam_size=4,
+                length_penalty=0.6,
+                max_decoding_length=ENGINE_OUT,
+                min_decoding_length=ENGINE_OUT,
+            )
             return [[index[t] for t in r.hypotheses[0]] for r in out]
 
     elif impl == "hf-marian":
@@ -245,14 +275,23 @@ def measure_engine(case: dict[str, Any]) -> dict[str, Any]:
 
         def decode(c: torch.Tensor) -> list[list[int]]:
             with torch.no_grad():
-                out = model.generate(input_ids=c, num_beams=4, length_penalty=0.6, max_new_tokens=ENGINE_OUT,
-                                     min_new_tokens=ENGINE_OUT, do_sample=False, early_stopping=True)  # fmt: skip
+                out = model.generate(
+                    input_ids=c,
+                    num_beams=4,
+                    length_penalty=0.6,
+                    max_new_tokens=ENGINE_OUT,
+                    min_new_tokens=ENGINE_OUT,
+                    do_sample=False,
+                    early_stopping=True,
+                )
             return out[:, 1:].tolist()  # type: ignore[no-any-return]
 
     else:
-        precision = {"aiayn": Precision(dtype="float32"),
-                     "aiayn-int8": Precision(dtype="float32", quantize="int8"),
-                     "aiayn-bf16": Precision(dtype="bfloat16")}[impl]  # fmt: skip
+        precision = {
+            "aiayn": Precision(dtype="float32"),
+            "aiayn-int8": Precision(dtype="float32", quantize="int8"),
+            "aiayn-bf16": Precision(dtype="bfloat16"),
+        }[impl]
         model = apply_precision(aiayn.load(folder).model, torch.device("cpu"), precision)
         config = BeamConfig(
             beam_size=4, length_penalty=0.6, max_extra=ENGINE_OUT - ENGINE_SOURCE - 1
@@ -282,12 +321,24 @@ def engines_table(args: argparse.Namespace, common: dict[str, Any]) -> dict[str,
     impls = ["aiayn", "aiayn-int8", "hf-marian", *ct2_impls(args.threads)]
     if cpu_has_bf16():
         impls.append("aiayn-bf16")
-    print(f"\n{'Marian-small, beam 4':<22}{'engine':<15}{'sentences/s':>22}{'aiayn int8 / it':>16}"
-          f"{'aiayn / it':>11}{'same ids':>10}")  # fmt: skip
+    print(
+        f"\n{'Marian-small, beam 4':<22}{'engine':<15}{'sentences/s':>22}{'aiayn int8 / it':>16}"
+        f"{'aiayn / it':>11}{'same ids':>10}"
+    )
     table: dict[str, Any] = {}
     for batch, n in ((64, args.engine_sentences), (1, args.engine_sentences_b1)):
-        cases = [{"name": impl, "what": "engine", "impl": impl, "batch": batch, "sentences": n,
-                  **common, **engine_threads(impl)} for impl in impls]  # fmt: skip
+        cases = [
+            {
+                "name": impl,
+                "what": "engine",
+                "impl": impl,
+                "batch": batch,
+                "sentences": n,
+                **common,
+                **engine_threads(impl),
+            }
+            for impl in impls
+        ]
         got = interleaved(__file__, cases, args.rounds)
         rows = engine_rows(got, lambda r, n=n: n / r["s"], f"{'batch ' + str(batch):<22}", ".2f")
         if rows is not None:
@@ -327,7 +378,7 @@ def training_table(
     return rows
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -339,10 +390,13 @@ def main() -> int:
     ap.add_argument("--sentences-b1", type=int, default=8, help="beam search at batch 1")
     ap.add_argument("--quick", action="store_true", help="1 round, 2 steps: a smoke run")
     ap.add_argument("--no-train", action="store_true", help="skip the training table")
-    ap.add_argument("--engines", action="store_true",
-                    help="only the engines table: Marian-small shape, beam 4 to 40 tokens, aiayn"
-                    " at fp32, int8 (and bf16) against HF Marian and CTranslate2 at fp32 and int8, on the"
-                    " run's threads and on one")  # fmt: skip
+    ap.add_argument(
+        "--engines",
+        action="store_true",
+        help="only the engines table: Marian-small shape, beam 4 to 40 tokens, aiayn"
+        " at fp32, int8 (and bf16) against HF Marian and CTranslate2 at fp32 and int8, on the"
+        " run's threads and on one",
+    )
     ap.add_argument("--engine-sentences", type=int, default=128, help="engines table, batch 64")
     ap.add_argument("--engine-sentences-b1", type=int, default=8, help="engines table, batch 1")
     ap.add_argument("--data", default=None)
@@ -351,7 +405,11 @@ def main() -> int:
         default=None,
         help="default benchmarks/results/translation_speed_DTYPE[_beam].json",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = _parser().parse_args()
     if args.quick:
         args.rounds, args.repeat, args.sentences, args.sentences_b1 = 1, 2, 8, 2
     torch.set_num_threads(args.threads)

@@ -37,9 +37,16 @@ def _run(window: int | None, tokens: int, queue: Any) -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     model = aiayn.build_model(
-        "llama-style-small", n_layers=4, d_model=256, n_heads=8, n_kv_heads=2, d_ff=512,
-        vocab_size=1000, max_len=tokens + 64, sliding_window=window,
-    ).eval()  # fmt: skip
+        "llama-style-small",
+        n_layers=4,
+        d_model=256,
+        n_heads=8,
+        n_kv_heads=2,
+        d_ff=512,
+        vocab_size=1000,
+        max_len=tokens + 64,
+        sliding_window=window,
+    ).eval()
     samples: list[dict[str, float]] = []
     t0 = time.perf_counter()
     # stream() owns the cache; measure it through the model's new_cache the same way.

@@ -232,13 +232,21 @@ def chat_folder(root: Path, eos: list[int] | None, template: str | None = CHATML
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     tok.train_from_iterator(CHAT_TEXT, trainer)
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=tok.get_vocab_size(),
-                                  n_positions=96, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        vocab_size=tok.get_vocab_size(),
+        n_positions=96,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -246,8 +254,10 @@ def chat_folder(root: Path, eos: list[int] | None, template: str | None = CHATML
     folder = root / "chat"
     model.save_pretrained(folder)
     tok.save(str(folder / "tokenizer.json"))
-    config: dict[str, object] = {"eos_token": "<|endoftext|>",
-                                 "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    config: dict[str, object] = {
+        "eos_token": "<|endoftext|>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
     if template is not None:
         config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

@@ -15,8 +15,17 @@ def test_demo_trains_a_fixed_number_of_steps_translates_and_scores(
 ) -> None:
     write_corpus(tmp_path / "data")
     (tmp_path / "demo.toml").write_text(TRANSLATION_TOML)
-    args = ["demo", "--config", str(tmp_path / "demo.toml"), "--data", str(tmp_path / "data"),
-            "--out", str(tmp_path / "run"), "--sentences", "3"]  # fmt: skip
+    args = [
+        "demo",
+        "--config",
+        str(tmp_path / "demo.toml"),
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "run"),
+        "--sentences",
+        "3",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "6 steps" in out and "GFLOP/s" in out  # fixed work, and the host's rate beside it

@@ -62,8 +62,12 @@ def _train_lm(root: Path, corpus: str, overrides: Mapping[str, object]) -> Path:
 def char_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A character-level model, trained enough to continue a prompt with the corpus' words."""
     root = tmp_path_factory.mktemp("char_lm")
-    overrides = {"train.max_steps": 100, "train.lr": 1e-2, "train.block_size": 32,
-                 "model.dropout": 0.0}  # fmt: skip
+    overrides = {
+        "train.max_steps": 100,
+        "train.lr": 1e-2,
+        "train.block_size": 32,
+        "model.dropout": 0.0,
+    }
     return _train_lm(root, CORPUS, overrides)
 
 
@@ -71,9 +75,15 @@ def char_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def byte_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level BPE model (no merges) that has learnt to continue "naïve" with " café 日"."""
     root = tmp_path_factory.mktemp("byte_lm")
-    overrides = {"data.tokenizer": "bpe", "data.bpe_vocab_size": 260, "train.max_steps": 100,
-                 "train.lr": 1e-2, "model.dropout": 0.0, "train.eval_interval": 100,
-                 "train.checkpoint_interval": 100}  # fmt: skip
+    overrides = {
+        "data.tokenizer": "bpe",
+        "data.bpe_vocab_size": 260,
+        "train.max_steps": 100,
+        "train.lr": 1e-2,
+        "model.dropout": 0.0,
+        "train.eval_interval": 100,
+        "train.checkpoint_interval": 100,
+    }
     return _train_lm(root, BYTE_CORPUS, overrides)
 
 
@@ -81,8 +91,12 @@ def byte_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sharded_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint written as shards (torch.distributed.checkpoint), by one process."""
     root = tmp_path_factory.mktemp("sharded_lm")
-    overrides = {"train.checkpoint_format": "sharded", "train.max_steps": 2,
-                 "train.eval_interval": 2, "train.checkpoint_interval": 2}  # fmt: skip
+    overrides = {
+        "train.checkpoint_format": "sharded",
+        "train.max_steps": 2,
+        "train.eval_interval": 2,
+        "train.checkpoint_interval": 2,
+    }
     return _train_lm(root, CORPUS, overrides)
 
 
@@ -138,8 +152,21 @@ def test_evaluate_a_language_model_reports_its_cross_entropy(
     running the model on the one validation window of the text."""
     text = tmp_path / "held_out.txt"
     text.write_text(EVAL_TEXT)
-    args = ["evaluate", "--checkpoint", str(char_lm), "--text", str(text), "--device", "cpu",
-            "--block", str(EVAL_BLOCK), "--batches", "2", "--batch-size", "3"]  # fmt: skip
+    args = [
+        "evaluate",
+        "--checkpoint",
+        str(char_lm),
+        "--text",
+        str(text),
+        "--device",
+        "cpu",
+        "--block",
+        str(EVAL_BLOCK),
+        "--batches",
+        "2",
+        "--batch-size",
+        "3",
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     got = printed_numbers(out)
@@ -168,8 +195,18 @@ def test_evaluate_a_language_model_reports_its_cross_entropy(
 
 
 def gen_args(checkpoint: Path, prompt: str, tokens: int, *extra: str) -> list[str]:
-    return ["generate", "--checkpoint", str(checkpoint), "--prompt", prompt, "--device", "cpu",
-            "--max-new-tokens", str(tokens), *extra]  # fmt: skip
+    return [
+        "generate",
+        "--checkpoint",
+        str(checkpoint),
+        "--prompt",
+        prompt,
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        str(tokens),
+        *extra,
+    ]
 
 
 def test_verbose_logs_the_cpu_kernels_once_and_off_takes_none(
@@ -201,8 +238,13 @@ def test_sampling_is_seeded_and_is_what_the_library_samples(
     assert run_cli(args, capsys)[1] == first  # the same seed, the same text
     bundle = load(char_lm)
     assert isinstance(bundle.model, DecoderLM)
-    ids = generate(bundle.model, [bundle.tokenizer.encode(prompt)], max_new_tokens=n,
-                   sampling=SamplingConfig(temperature=0.8, top_k=10), seed=3)[0]  # fmt: skip
+    ids = generate(
+        bundle.model,
+        [bundle.tokenizer.encode(prompt)],
+        max_new_tokens=n,
+        sampling=SamplingConfig(temperature=0.8, top_k=10),
+        seed=3,
+    )[0]
     assert first == prompt + bundle.tokenizer.decode(ids) + "\n"
     assert run_cli([*args[:-1], "4"], capsys)[1] != first  # another seed, another text
     # top-k 1 is greedy decoding, whatever the seed and temperature
@@ -251,8 +293,12 @@ def test_multibyte_characters_stream_whole(byte_lm: Path, monkeypatch: pytest.Mo
     assert isinstance(model, DecoderLM) and isinstance(tokenizer, BPETokenizer)
     assert tokenizer.vocab_size == 260  # bytes only: no merges
     prompt = "naïve"
-    ids = generate(model, [tokenizer.encode(prompt)], max_new_tokens=10,
-                   sampling=SamplingConfig(temperature=0.0))[0]  # fmt: skip
+    ids = generate(
+        model,
+        [tokenizer.encode(prompt)],
+        max_new_tokens=10,
+        sampling=SamplingConfig(temperature=0.0),
+    )[0]
     text = tokenizer.decode(ids)
     # The premise: whole characters, some of them several bytes long.
     assert "\ufffd" not in text and len(text.encode()) > len(text), text
@@ -282,8 +328,17 @@ def test_translate_reads_stdin_and_writes_stdout(
 ) -> None:
     lines = ["ein hund läuft", "zwei männer", "der ball ist rot"]
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
-    args = ["translate", "--checkpoint", str(translator), "--device", "cpu", "--beam", "2",
-            "--max-extra", "8"]  # fmt: skip
+    args = [
+        "translate",
+        "--checkpoint",
+        str(translator),
+        "--device",
+        "cpu",
+        "--beam",
+        "2",
+        "--max-extra",
+        "8",
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     bundle = load(translator)

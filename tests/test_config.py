@@ -128,28 +128,79 @@ def test_initialisations() -> None:
 
 # config.json of a tiny llama-style model as aiayn wrote it before the sub-configs: flat.
 FLAT_CONFIG = {
-    "activation": "swiglu", "arch": "decoder", "attention_backend": "sdpa",
-    "attention_dropout": 0.0, "attention_every": None, "attention_scale": True,
-    "attention_score": "dot", "bias": False, "channels": 3, "d_ff": 64, "d_head": None,
-    "d_model": 32, "dropout": 0.0, "embedding_norm": False, "expert_capacity_factor": None,
-    "experts_top_k": 2, "head_bias": False, "image_size": None, "init": "scaled-normal",
-    "init_std": 0.02, "max_len": 16, "mixer": "attention", "mlm_head": True, "n_classes": None,
-    "n_decoder_layers": None, "n_experts": None, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2,
-    "norm": "rmsnorm", "norm_eps": 1e-06, "norm_position": "pre", "pad_id": None,
-    "patch_size": 16, "pool": "cls", "pooler": False, "positional": "rope", "qkv_bias": None,
-    "residual": True, "rnn": None, "rnn_attention": True, "rope_base": 10000.0,
-    "rope_scaling": 1.0, "scale_embeddings": False, "sliding_window": None,
-    "src_vocab_size": None, "ssm_conv": 4, "ssm_expand": 2, "ssm_head_dim": 64,
-    "ssm_state": 16, "tie_embeddings": False, "type_vocab_size": 0, "vocab_size": 50,
-}  # fmt: skip
+    "activation": "swiglu",
+    "arch": "decoder",
+    "attention_backend": "sdpa",
+    "attention_dropout": 0.0,
+    "attention_every": None,
+    "attention_scale": True,
+    "attention_score": "dot",
+    "bias": False,
+    "channels": 3,
+    "d_ff": 64,
+    "d_head": None,
+    "d_model": 32,
+    "dropout": 0.0,
+    "embedding_norm": False,
+    "expert_capacity_factor": None,
+    "experts_top_k": 2,
+    "head_bias": False,
+    "image_size": None,
+    "init": "scaled-normal",
+    "init_std": 0.02,
+    "max_len": 16,
+    "mixer": "attention",
+    "mlm_head": True,
+    "n_classes": None,
+    "n_decoder_layers": None,
+    "n_experts": None,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "n_layers": 2,
+    "norm": "rmsnorm",
+    "norm_eps": 1e-06,
+    "norm_position": "pre",
+    "pad_id": None,
+    "patch_size": 16,
+    "pool": "cls",
+    "pooler": False,
+    "positional": "rope",
+    "qkv_bias": None,
+    "residual": True,
+    "rnn": None,
+    "rnn_attention": True,
+    "rope_base": 10000.0,
+    "rope_scaling": 1.0,
+    "scale_embeddings": False,
+    "sliding_window": None,
+    "src_vocab_size": None,
+    "ssm_conv": 4,
+    "ssm_expand": 2,
+    "ssm_head_dim": 64,
+    "ssm_state": 16,
+    "tie_embeddings": False,
+    "type_vocab_size": 0,
+    "vocab_size": 50,
+}
 
 
 def test_flat_names_go_to_their_sub_config() -> None:
     cfg = get_preset(
-        "gpt2-small", n_heads=4, n_kv_heads=2, attention_dropout=0.1, attention_scale=False,
-        positional="rope", rope_base=500.0, d_ff=64, activation="swiglu", n_experts=4,
-        experts_top_k=1, expert_capacity_factor=1.5, mixer="linear", attention_every=2,
-    )  # fmt: skip
+        "gpt2-small",
+        n_heads=4,
+        n_kv_heads=2,
+        attention_dropout=0.1,
+        attention_scale=False,
+        positional="rope",
+        rope_base=500.0,
+        d_ff=64,
+        activation="swiglu",
+        n_experts=4,
+        experts_top_k=1,
+        expert_capacity_factor=1.5,
+        mixer="linear",
+        attention_every=2,
+    )
     assert cfg.attention == AttentionConfig(n_heads=4, n_kv_heads=2, dropout=0.1, scale=False)
     assert cfg.positions == PositionConfig(scheme="rope", rope_base=500.0)
     assert cfg.ffn == FeedForwardConfig(
@@ -295,9 +346,15 @@ def test_json_is_nested_and_round_trips() -> None:
 def test_flat_config_json_of_older_checkpoints_loads(tmp_path: Path) -> None:
     cfg = ModelConfig.from_dict(FLAT_CONFIG)
     assert cfg == get_preset(
-        "llama-style-small", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
-        vocab_size=50, max_len=16,
-    )  # fmt: skip
+        "llama-style-small",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        vocab_size=50,
+        max_len=16,
+    )
     torch.manual_seed(0)
     model = aiayn.build_model(cfg).eval()
     aiayn.save(model, tmp_path / "old")

@@ -24,9 +24,24 @@ from tests.conftest import TRANSLATION_TOML, write_corpus
 ROOT = Path(__file__).resolve().parent.parent
 
 # What the extras install, by the top-level names they put in site-packages.
-HIDDEN_DIRS = {"fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core", "uvloop",
-               "httptools", "plotly", "matplotlib", "mpl_toolkits", "sklearn", "mlxtend",
-               "transformers", "sentencepiece", "google", "sentence_transformers"}  # fmt: skip
+HIDDEN_DIRS = {
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "pydantic",
+    "pydantic_core",
+    "uvloop",
+    "httptools",
+    "plotly",
+    "matplotlib",
+    "mpl_toolkits",
+    "sklearn",
+    "mlxtend",
+    "transformers",
+    "sentencepiece",
+    "google",
+    "sentence_transformers",
+}
 
 CHILD = """
 import sys
@@ -56,8 +71,15 @@ def core_site(tmp: Path) -> Path:
 def run_core(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     script = textwrap.dedent(CHILD.format(hidden=sorted(HIDDEN_DIRS), argv=argv))
     env = {**os.environ, "PYTHONPATH": f"{core_site(cwd)}{os.pathsep}{ROOT}"}
-    return subprocess.run([sys.executable, "-S", "-c", script], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-S", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -68,8 +90,20 @@ def test_the_core_trains_and_translates_without_extras(tmp_path: Path) -> None:
     assert train.returncode == 0, train.stderr
     assert "LOADED []" in train.stdout
     (tmp_path / "in.txt").write_text("ein hund läuft\n")
-    out = run_core(["translate", "--checkpoint", "run/checkpoint", "--input", "in.txt",
-                    "--output", "out.txt", "--beam", "2"], tmp_path)  # fmt: skip
+    out = run_core(
+        [
+            "translate",
+            "--checkpoint",
+            "run/checkpoint",
+            "--input",
+            "in.txt",
+            "--output",
+            "out.txt",
+            "--beam",
+            "2",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "out.txt").read_text().count("\n") == 1
     assert "LOADED []" in out.stdout

@@ -80,7 +80,20 @@ def test_the_core_installs_alone_and_trains_and_translates(tmp_path: Path) -> No
     train = run([str(aiayn), "train", "run.toml", "--out", "run", "--data", "data"], work)
     assert train.returncode == 0, train.stderr
     (work / "in.txt").write_text("ein hund läuft\nzwei katzen\n")
-    out = run([str(aiayn), "translate", "--checkpoint", "run/checkpoint", "--input", "in.txt",
-               "--output", "out.txt", "--beam", "2"], work)  # fmt: skip
+    out = run(
+        [
+            str(aiayn),
+            "translate",
+            "--checkpoint",
+            "run/checkpoint",
+            "--input",
+            "in.txt",
+            "--output",
+            "out.txt",
+            "--beam",
+            "2",
+        ],
+        work,
+    )
     assert out.returncode == 0, out.stderr
     assert len((work / "out.txt").read_text().splitlines()) == 2

@@ -1,16 +1,16 @@
 """Everything that reads or writes a folder of weights: one home, below all that loads.
 
-* :mod:`~aiayn.checkpoint.loader` -- :func:`load`, the one loader: an aiayn checkpoint, a
+* ``loader`` -- ``load``, the one loader: an aiayn checkpoint, a
   training run's folder (its current checkpoint) or a Hugging Face folder, as a
-  :class:`Bundle`; what every command, the server and the explorer load through.
-* :mod:`~aiayn.atomic` (below every layer, since data shards use it too) -- writing a
+  ``Bundle``; what every command, the server and the explorer load through.
+* ``atomic`` (below every layer, since data shards use it too) -- writing a
   folder so that a crash at any instant loses nothing (temporary folder, fsync, manifest with
   SHA-256, atomic rename or exchange).
-* :mod:`~aiayn.checkpoint.model` -- a model alone: config.json + model.safetensors
-  (:func:`save`, :func:`load_model`).
-* :mod:`~aiayn.checkpoint.bundle` -- a model with its tokenizer and run config, as every
+* ``model`` -- a model alone: config.json + model.safetensors
+  (``save``, ``load_model``).
+* ``bundle`` -- a model with its tokenizer and run config, as every
   trained checkpoint is.
-* :mod:`~aiayn.checkpoint.run_dir` -- a training run's folder: step checkpoints behind an
+* ``run_dir`` -- a training run's folder: step checkpoints behind an
   atomically switched pointer, snapshots for averaging, the log, crash recovery.
 """
 

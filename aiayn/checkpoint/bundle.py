@@ -7,8 +7,8 @@ Every trained checkpoint, snapshot and average is such a folder::
     run.json                         the run's model/data/train configuration
     manifest.json                    sizes and SHA-256 of the files above
 
-:func:`read_bundle` is the one place that reads them; every command, the server, the
-explorer and the library read a checkpoint through :func:`aiayn.checkpoint.load`
+``read_bundle`` is the one place that reads them; every command, the server, the
+explorer and the library read a checkpoint through ``aiayn.checkpoint.load``
 (aiayn/checkpoint/loader.py), which also takes a run folder or a Hugging Face folder.
 """
 
@@ -30,6 +30,7 @@ from aiayn.checkpoint.model import (
     write_model,
 )
 from aiayn.data.tokenizer import Tokenizer, load_tokenizer
+from aiayn.errors import CheckpointError
 from aiayn.models import TransformerModel, build_model
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -78,9 +79,9 @@ def read_run(directory: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         run = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"corrupt run config {path}: {err}") from err
+        raise CheckpointError(f"corrupt run config {path}: {err}") from err
     if not isinstance(run, dict):
-        raise ValueError(f"corrupt run config {path}: expected a JSON object")
+        raise CheckpointError(f"corrupt run config {path}: expected a JSON object")
     return run
 
 
@@ -101,14 +102,14 @@ def read_bundle(
     )
     tok_path = path / TOKENIZER_FILE
     if not tok_path.is_file():
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {path} has no {TOKENIZER_FILE} (a model saved alone, with aiayn.save,"
             " is read with aiayn.load_model)"
         )
     try:
         tokenizer = load_tokenizer(tok_path)
     except Exception as err:  # json, KeyError, or the tokenizers library's own errors
-        raise ValueError(f"corrupt tokenizer file {tok_path}: {err}") from err
+        raise CheckpointError(f"corrupt tokenizer file {tok_path}: {err}") from err
     return Bundle(model, tokenizer, read_run(path), path)
 
 

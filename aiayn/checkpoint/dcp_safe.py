@@ -1,18 +1,18 @@
 """Reading torch.distributed.checkpoint's files without running what they name.
 
-DCP writes its ``.metadata`` with :mod:`pickle`, and reads it back with ``pickle.load``;
+DCP writes its ``.metadata`` with ``pickle``, and reads it back with ``pickle.load``;
 non-tensor values (an optimizer's hyperparameters) it reads with a full ``torch.load``, objects
 and all.  Unpickling calls whatever a file names, so a folder from elsewhere with
 a crafted ``dcp/.metadata`` would run its code the moment aiayn opened it.  Here both are read
 the safe way:
 
-* :class:`MetadataReader` unpickles ``.metadata`` through :class:`_MetadataUnpickler`, which
+* ``MetadataReader`` unpickles ``.metadata`` through ``_MetadataUnpickler``, which
   admits only the classes DCP's metadata is made of (its dataclasses, ``torch.Size``, dtypes,
   the layout and memory-format encodings, paths) and refuses anything else before it runs;
-* :class:`Planner` reads non-tensor values with ``torch.load(weights_only=True)``: numbers,
+* ``Planner`` reads non-tensor values with ``torch.load(weights_only=True)``: numbers,
   strings and containers of them, never an object.
 
-Pass both to ``dcp.load`` (:func:`aiayn.checkpoint.sharded.load_sharded` does).
+Pass both to ``dcp.load`` (``aiayn.checkpoint.sharded.load_sharded`` does).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from aiayn.atomic import inside
+from aiayn.errors import CheckpointError
 
 METADATA_FILE = ".metadata"
 
@@ -79,9 +80,9 @@ def read_metadata(folder: Path) -> Metadata:
         with open(path, "rb") as fh:
             metadata = _MetadataUnpickler(fh).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as err:
-        raise ValueError(f"{path} is not DCP metadata: {err}") from err
+        raise CheckpointError(f"{path} is not DCP metadata: {err}") from err
     if not isinstance(metadata, Metadata):
-        raise ValueError(f"{path} is not DCP metadata: it holds a {type(metadata).__name__}")
+        raise CheckpointError(f"{path} is not DCP metadata: it holds a {type(metadata).__name__}")
     return metadata
 
 
@@ -94,18 +95,20 @@ def shard_files(folder: Path, metadata: Metadata) -> list[Path]:
         return []
     where = str(folder / METADATA_FILE)
     if not isinstance(storage, dict):
-        raise ValueError(f"{where}: storage_data is a {type(storage).__name__}; expected a dict")
+        raise CheckpointError(
+            f"{where}: storage_data is a {type(storage).__name__}; expected a dict"
+        )
     names = {getattr(item, "relative_path", None) for item in storage.values()}
     return [inside(folder, name, where, flat=True) for name in sorted(names, key=repr)]
 
 
 class MetadataReader(FileSystemReader):
-    """DCP's file-system reader, with ``.metadata`` read by :func:`read_metadata`, and every
-    shard file it names a plain file name inside the folder (:func:`shard_files`)."""
+    """DCP's file-system reader, with ``.metadata`` read by ``read_metadata``, and every
+    shard file it names a plain file name inside the folder (``shard_files``)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
-            raise ValueError("per-rank DCP metadata files are not read: aiayn writes one")
+            raise CheckpointError("per-rank DCP metadata files are not read: aiayn writes one")
         folder = Path(self.path)
         metadata = read_metadata(folder)
         shard_files(folder, metadata)

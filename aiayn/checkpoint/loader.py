@@ -1,4 +1,4 @@
-"""The one loader: :func:`load` reads any folder a user names as a :class:`Bundle`.
+"""The one loader: ``load`` reads any folder a user names as a ``Bundle``.
 
 Three kinds of folder hold a model with its tokenizer, and ``load`` tells them apart:
 
@@ -10,9 +10,9 @@ Three kinds of folder hold a model with its tokenizer, and ``load`` tells them a
   adapter (aiayn/interop/hf_folder.py, aiayn/interop/families.py).
 
 Every command, the server, the explorer, the pictures and fine-tuning's ``init_from`` load
-through it; :func:`read_model_config` reads only the architecture of the same folders.  A
+through it; ``read_model_config`` reads only the architecture of the same folders.  A
 model saved alone (``aiayn.save``: no tokenizer) is read with
-:func:`~aiayn.checkpoint.model.load_model`.
+``load_model``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from aiayn.checkpoint.bundle import Bundle, read_bundle
 from aiayn.checkpoint.model import CONFIG_FILE, read_config
 from aiayn.checkpoint.run_dir import RunDir
 from aiayn.config import ModelConfig
+from aiayn.errors import CheckpointError
 
 KINDS = (
     "an aiayn checkpoint (config.json + tokenizer.json), a training run's folder (with"
@@ -55,8 +56,8 @@ def checkpoint_of(path: str | os.PathLike[str]) -> Path:
     if latest is not None:
         return latest
     if run.holds_run():
-        raise ValueError(f"no checkpoint at {folder}: the training run holds none yet")
-    raise ValueError(f"no checkpoint at {folder}: {CONFIG_FILE} is missing (expected {KINDS})")
+        raise CheckpointError(f"no checkpoint at {folder}: the training run holds none yet")
+    raise CheckpointError(f"no checkpoint at {folder}: {CONFIG_FILE} is missing (expected {KINDS})")
 
 
 def load(path: str | os.PathLike[str], *, device: str = "cpu") -> Bundle:
@@ -74,7 +75,7 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu") -> Bundle:
 
 
 def read_model_config(path: str | os.PathLike[str]) -> ModelConfig:
-    """The ModelConfig of what :func:`load` would read at ``path``, without its weights."""
+    """The ModelConfig of what ``load`` would read at ``path``, without its weights."""
     folder = checkpoint_of(path)
     if not is_hf_folder(folder):
         return read_config(folder)

@@ -7,12 +7,12 @@ A saved model is a folder::
                        sharded training checkpoint (aiayn/checkpoint/sharded.py)
     manifest.json      every file's size and SHA-256, checked when the folder is loaded
 
-The folder is written by :func:`aiayn.atomic.write_atomically`: a crash leaves the
+The folder is written by ``aiayn.atomic.write_atomically``: a crash leaves the
 old folder or the new one, never half of one, and a damaged file is named when loading.
 
-:func:`save` and :func:`load_model` are the pair for a model alone (``aiayn.save``,
+``save`` and ``load_model`` are the pair for a model alone (``aiayn.save``,
 ``aiayn.load_model``); a checkpoint -- the model with its tokenizer -- is read with
-:func:`aiayn.checkpoint.load` (aiayn/checkpoint/loader.py).
+``aiayn.checkpoint.load`` (aiayn/checkpoint/loader.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from safetensors.torch import save_model
 from aiayn.atomic import OLD_MARK, recover, verify_manifest, write_atomically
 from aiayn.checkpoint.sharded import is_sharded_checkpoint, load_model_weights
 from aiayn.config import ModelConfig
+from aiayn.errors import CheckpointError
 from aiayn.models import TransformerModel, build_model
 
 CONFIG_FILE = "config.json"
@@ -79,10 +80,12 @@ def checked_folder(directory: str | os.PathLike[str], what: str = "saved model")
     (aiayn/checkpoint/run_lock.py)."""
     path = Path(directory)
     if not path.exists() and (writer := _replacing(path)) is not None:
-        raise ValueError(f"{path} is being replaced by process {writer}: try again in a moment")
+        raise CheckpointError(
+            f"{path} is being replaced by process {writer}: try again in a moment"
+        )
     recover(path, remove=False)
     if not path.is_dir():
-        raise ValueError(f"no {what} at {path}: not a folder")
+        raise CheckpointError(f"no {what} at {path}: not a folder")
     verify_manifest(path)
     return path
 
@@ -91,14 +94,14 @@ def read_config(directory: str | os.PathLike[str]) -> ModelConfig:
     """The ModelConfig stored in a model folder (nothing else is read)."""
     path = Path(directory)
     if not path.is_dir():
-        raise ValueError(f"no saved model at {path}: not a folder")
+        raise CheckpointError(f"no saved model at {path}: not a folder")
     cfg = path / CONFIG_FILE
     if not cfg.is_file():
-        raise ValueError(f"no saved model at {path}: {CONFIG_FILE} is missing")
+        raise CheckpointError(f"no saved model at {path}: {CONFIG_FILE} is missing")
     try:
         return ModelConfig.from_json(cfg.read_text())
     except (ValueError, TypeError, UnicodeDecodeError) as err:
-        raise ValueError(f"corrupt model config {cfg}: {err}") from err
+        raise CheckpointError(f"corrupt model config {cfg}: {err}") from err
 
 
 def load_model(directory: str | os.PathLike[str], *, device: str = "cpu") -> TransformerModel:
@@ -112,14 +115,14 @@ def load_model(directory: str | os.PathLike[str], *, device: str = "cpu") -> Tra
         load_model_weights(path, model)
         return model.to(device)
     if not weights.is_file():
-        raise ValueError(f"no saved model at {path}: {WEIGHTS_FILE} is missing")
+        raise CheckpointError(f"no saved model at {path}: {WEIGHTS_FILE} is missing")
     model = build_model(config)
     try:
         missing, unexpected = read_weights(model, str(weights), strict=False, device=device)
     except (SafetensorError, OSError, RuntimeError, json.JSONDecodeError) as err:
-        raise ValueError(f"corrupt weights file {weights}: {err}") from err
+        raise CheckpointError(f"corrupt weights file {weights}: {err}") from err
     if missing or unexpected:
-        raise ValueError(
+        raise CheckpointError(
             f"weights in {weights} do not match the config: missing {sorted(missing)[:5]},"
             f" unexpected {sorted(unexpected)[:5]}"
         )

@@ -17,7 +17,7 @@ A checkpoint is committed in steps, each of which leaves a usable run behind:
 2. a new symlink is made beside ``checkpoint`` and renamed over it -- one atomic switch;
 3. the run folder is flushed, and only then are older checkpoints deleted.
 
-Whatever a kill interrupts, :meth:`RunDir.recover` finds the newest complete checkpoint (the
+Whatever a kill interrupts, ``RunDir.recover`` finds the newest complete checkpoint (the
 highest ``step_N`` folder -- only complete folders ever get that name), points ``checkpoint``
 at it and removes temporary leftovers.  tests/train/test_faults.py kills training at each of
 these steps and at random instants and checks that the resumed run ends bit for bit where an
@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ from aiayn.checkpoint.bundle import (
 from aiayn.checkpoint.model import checked_folder, write_config
 from aiayn.checkpoint.sharded import check_shards_present, save_sharded
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import CheckpointError
 from aiayn.models import TransformerModel
 
 CHECKPOINT = "checkpoint"
@@ -103,12 +105,12 @@ def _step_of(path: Path) -> int | None:
 def read_state(folder: Path) -> TrainState:
     path = folder / STATE_FILE
     if not path.is_file():
-        raise ValueError(f"{folder} holds a model but no {STATE_FILE}: nothing to resume from")
+        raise CheckpointError(f"{folder} holds a model but no {STATE_FILE}: nothing to resume from")
     try:
         raw = torch.load(path, weights_only=True, map_location="cpu")
         return TrainState(**raw)
     except Exception as err:  # unpickling errors, truncation, wrong keys
-        raise ValueError(f"corrupt training state {path}: {err}") from err
+        raise CheckpointError(f"corrupt training state {path}: {err}") from err
 
 
 class RunDir:
@@ -129,7 +131,7 @@ class RunDir:
         return sorted((s, p) for s, p in found if s is not None)
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint folder (after :meth:`recover`), or None."""
+        """The newest complete checkpoint folder (after ``recover``), or None."""
         complete = self._complete()
         return complete[-1][1] if complete else None
 
@@ -237,10 +239,7 @@ class RunDir:
 
         write_atomically(target, fill)
         self._point_at(target)
-        for _, old in self._complete():
-            if old != target:
-                shutil.rmtree(old, ignore_errors=True)
-        fs_step("old-removed")
+        self._remove_older_than(target)
         return target
 
     def save_sharded_checkpoint(
@@ -253,7 +252,7 @@ class RunDir:
     ) -> Path:
         """Commit a checkpoint whose model and optimizer every rank writes as its own shard
         (collective: every process calls it; aiayn/checkpoint/sharded.py).  ``state`` and the
-        other files come from rank 0, which commits the folder as :meth:`save_checkpoint`."""
+        other files come from rank 0, which commits the folder as ``save_checkpoint``."""
         distributed = dist.is_available() and dist.is_initialized()
         rank = dist.get_rank() if distributed else 0
         target = self.checkpoints / step_dir_name(state.step)
@@ -265,16 +264,7 @@ class RunDir:
             return box
 
         # 1. rank 0 makes the temporary folder; every rank learns its name -- or the error.
-        made: list[Any] = [None, None]
-        if rank == 0:
-            try:
-                self.checkpoints.mkdir(parents=True, exist_ok=True)
-                made[0] = begin_folder(target)
-            except Exception as err:
-                made[1] = f"{type(err).__name__}: {err}"
-        folder, error = agree(made)
-        if error is not None:
-            raise OSError(f"cannot start the checkpoint {target}: {error}")
+        folder = self._begin_on_rank_0(target, rank, agree)
         # 2. every rank writes its shard (collective: a failure there reaches every rank).
         try:
             save_sharded(folder, model, optimizer)
@@ -303,11 +293,32 @@ class RunDir:
         if error is not None:
             raise OSError(f"rank 0 could not commit the checkpoint {target}: {error}")
         if rank == 0:
-            for _, old in self._complete():
-                if old != target:
-                    shutil.rmtree(old, ignore_errors=True)
-            fs_step("old-removed")
+            self._remove_older_than(target)
         return target
+
+    def _remove_older_than(self, target: Path) -> None:
+        """Remove every complete checkpoint but ``target``, the one just committed."""
+        for _, old in self._complete():
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+        fs_step("old-removed")
+
+    def _begin_on_rank_0(
+        self, target: Path, rank: int, agree: Callable[[list[Any]], list[Any]]
+    ) -> Path:
+        """The temporary folder rank 0 made for ``target``, its name told to every rank; an
+        OSError on every rank when rank 0 could not make it."""
+        made: list[Any] = [None, None]
+        if rank == 0:
+            try:
+                self.checkpoints.mkdir(parents=True, exist_ok=True)
+                made[0] = begin_folder(target)
+            except Exception as err:
+                made[1] = f"{type(err).__name__}: {err}"
+        folder, error = agree(made)
+        if error is not None:
+            raise OSError(f"cannot start the checkpoint {target}: {error}")
+        return Path(folder)
 
     def save_snapshot(
         self, step: int, model: TransformerModel, tokenizer: Tokenizer, run: dict[str, Any]
@@ -325,10 +336,10 @@ class RunDir:
     def load(self, *, weights: bool = True) -> tuple[Bundle, TrainState]:
         """The latest checkpoint's model, tokenizer, run config and training state; with
         ``weights=False`` a sharded checkpoint's model is built but not filled (see
-        :func:`~aiayn.checkpoint.bundle.read_bundle`)."""
+        ``read_bundle``)."""
         latest = self.latest()
         if latest is None:
-            raise ValueError(f"{self.root} holds no checkpoint")
+            raise CheckpointError(f"{self.root} holds no checkpoint")
         checked_folder(latest, "checkpoint")  # the manifest first: it names a damaged file
         state = read_state(latest)
         return read_bundle(latest, weights=weights or not state.sharded, verified=True), state

@@ -1,13 +1,13 @@
 """One writer per run folder: a lock that a training run holds while it writes.
 
 Two processes writing one run folder would corrupt it: each one's recovery
-(:meth:`aiayn.checkpoint.run_dir.RunDir.recover`) deletes the other's temporary folders, and
+(``aiayn.checkpoint.run_dir.RunDir.recover``) deletes the other's temporary folders, and
 their checkpoints replace each other's.  The rule:
 
 * **Writers** hold ``RUN/.lock`` with ``fcntl.flock`` (exclusive, non-blocking) from before
-  they repair the folder until the run ends, however it ends (:func:`writer_lock`; the training
+  they repair the folder until the run ends, however it ends (``writer_lock``; the training
   loop's ``train_run``, and ``aiayn demo`` around its repair).  A second writer gets
-  :class:`RunFolderLocked` at once, naming the folder and the holder's process id and host,
+  ``RunFolderLocked`` at once, naming the folder and the holder's process id and host,
   which the holder writes into the file; ``aiayn`` turns it into one line and exit status 2.
   Only a writer holding the lock calls ``RunDir.recover``, which deletes temporary files.
 * **Several processes** (torchrun): rank 0 holds the lock for them all -- it alone writes the
@@ -33,17 +33,19 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from aiayn.errors import UserError
+
 LOCK_FILE = ".lock"
 
 
-class RunFolderLocked(ValueError):
+class RunFolderLocked(UserError):
     """Another process is writing the run folder."""
 
 
 @contextlib.contextmanager
 def writer_lock(root: str | os.PathLike[str]) -> Iterator[None]:
     """Hold ``root``'s writer lock for the block (``root`` is created if missing); raise
-    :class:`RunFolderLocked` at once if another process holds it."""
+    ``RunFolderLocked`` at once if another process holds it."""
     folder = Path(root)
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)

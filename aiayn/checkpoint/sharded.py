@@ -15,7 +15,7 @@ temporary folder, every rank writes its shard into it, rank 0 adds the rest and 
 (which covers the shards) and renames it into place.
 
 Generation, evaluation and the explorer load a sharded checkpoint like a full one
-(:func:`load_model_weights`, one process, no process group).  DCP's pickled files are read
+(``load_model_weights``, one process, no process group).  DCP's pickled files are read
 through aiayn/checkpoint/dcp_safe.py, which runs nothing a folder from elsewhere names.
 """
 
@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from aiayn.errors import CheckpointError
 
 # torch.distributed.checkpoint is imported by the functions that use it: it costs more than a
 # second at start-up, and a command that loads a plain checkpoint never needs it.
@@ -75,7 +77,7 @@ def save_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
 def check_shards_present(folder: Path) -> None:
     """Raise OSError unless every shard file DCP's metadata names is in ``folder/dcp`` -- on
     machines that do not share the run folder, another node's shard would be missing -- and
-    ValueError for a name that is not a plain file name inside it (:func:`shard_files`)."""
+    ValueError for a name that is not a plain file name inside it (``shard_files``)."""
     from aiayn.checkpoint.dcp_safe import read_metadata, shard_files
 
     shards = folder / SHARDED_DIR
@@ -98,11 +100,11 @@ def _load(folder: Path, state: dict[str, Any], *, no_dist: bool) -> None:
             dcp.load(state, storage_reader=reader, planner=Planner(), no_dist=no_dist)
     except dcp.CheckpointException as err:  # a BaseException, each rank's error and traceback
         reasons = "; ".join(f"{type(e).__name__}: {e}" for e, _ in err.failures.values())
-        raise ValueError(
+        raise CheckpointError(
             f"cannot load the sharded checkpoint {folder / SHARDED_DIR}: {reasons}"
         ) from err
     except Exception as err:  # a missing or damaged shard, or tensors the model lacks
-        raise ValueError(
+        raise CheckpointError(
             f"cannot load the sharded checkpoint {folder / SHARDED_DIR}: {err}"
         ) from err
 

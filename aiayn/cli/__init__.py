@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from aiayn.cli import data, decoding, models, pictures, servers, training
 from aiayn.cli.common import _overrides
-from aiayn.errors import NonFiniteLoss, TrainingInterrupted
+from aiayn.errors import NonFiniteLoss, TrainingInterrupted, UserError
 
 __all__ = ["_overrides", "build_parser", "main"]
 
@@ -25,10 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         " serve and look inside.",
     )
     parser.add_argument(
-        "-v", "--verbose", action="store_true",
+        "-v",
+        "--verbose",
+        action="store_true",
         help="log the library's run-time choices to stderr (e.g. the CPU kernels a block of"
         " decoding or training measured and took; AIAYN_CPU_KERNELS=off turns them off)",
-    )  # fmt: skip
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for group in (models, data, training, decoding, pictures, servers):
         group.add_parsers(sub)
@@ -71,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteLoss as err:
         print(f"aiayn: error: {err}", file=sys.stderr)
         return 3
-    except (ValueError, OSError) as err:
+    except (UserError, OSError) as err:  # a user's mistake: one line; a bug keeps its traceback
         print(f"aiayn: error: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:  # an optional extra that is not installed

@@ -1,7 +1,7 @@
 """Shared by the commands' parsers: argument groups, ``--set`` overrides, output folders.
 
 It imports no torch: every parser of ``aiayn`` is built from it, so that ``aiayn --help`` is
-quick; what builds library objects from the arguments is in :mod:`aiayn.cli.loading`."""
+quick; what builds library objects from the arguments is in ``aiayn.cli.loading``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from aiayn.errors import UserError
+
 
 def _overrides(pairs: Sequence[str]) -> dict[str, object]:
     """``key=value`` pairs; values parsed as int, float, bool or None when they look like one."""
     out: dict[str, object] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ValueError(f"override {pair!r} is not of the form field=value")
+            raise UserError(f"override {pair!r} is not of the form field=value")
         key, raw = pair.split("=", 1)
         value: object = raw
         if raw in ("true", "false"):
@@ -44,18 +46,18 @@ def _check_out(path: str, overwrite: bool) -> None:
     ``checkpoint`` link) or a training run, whose other files would go with it."""
     out = Path(path)
     if out.is_symlink():
-        raise ValueError(f"--out {out} is a link; give the folder to write, not a link to one")
+        raise UserError(f"--out {out} is a link; give the folder to write, not a link to one")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     markers = ("log.csv", "snapshots", "checkpoint", "train_state.pt")  # a run, a resumable state
     run = [n for n in markers if (out / n).exists() or (out / n).is_symlink()]
     if run:
-        raise ValueError(
+        raise UserError(
             f"--out {out} holds a training run or its checkpoint ({', '.join(run)}): writing"
             " there would replace all of it; give a new folder"
         )
     if not overwrite:
-        raise ValueError(
+        raise UserError(
             f"--out {out} exists and is not empty: everything in it would be replaced; give a"
             " new folder, or --overwrite to replace it"
         )
@@ -69,14 +71,26 @@ def _add_device(p: argparse.ArgumentParser) -> None:
 
 def _add_precision(p: argparse.ArgumentParser) -> None:
     """The precision a command decodes in (aiayn/models/precision.py)."""
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="weights and activations (auto: the device's: bf16 on a GPU, fp32 on"
-                   " a CPU); bfloat16 halves what a CPU with bf16 units reads per token")  # fmt: skip
-    p.add_argument("--quantize", choices=("int8",), default=None,
-                   help="int8 linear weights (one scale per output channel): a quarter of"
-                   " fp32's bytes per token; a checkpoint already in int8 needs no flag")  # fmt: skip
-    p.add_argument("--kv-cache-dtype", choices=("float32", "bfloat16"), default=None,
-                   help="keep keys and values in this dtype (default: the model's)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="weights and activations (auto: the device's: bf16 on a GPU, fp32 on"
+        " a CPU); bfloat16 halves what a CPU with bf16 units reads per token",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=("int8",),
+        default=None,
+        help="int8 linear weights (one scale per output channel): a quarter of"
+        " fp32's bytes per token; a checkpoint already in int8 needs no flag",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="keep keys and values in this dtype (default: the model's)",
+    )
 
 
 def _add_decoding(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from aiayn.cli.common import _add_set, _overrides
 from aiayn.data.files import data_dir
+from aiayn.errors import UserError
 
 
 def _tokenizer_from(path: str) -> Any:
@@ -31,8 +32,12 @@ def _from_config(args: argparse.Namespace) -> dict[str, Any]:
     given = args.tokenizer or run.init_from  # a fine-tuning run reads its folder's tokenizer
     tokenizer = _tokenizer_from(str(given)) if given else None
     if run.model.arch != "encoder-decoder":
-        return {"text": root / d.text, "tokenizer_kind": d.tokenizer, "vocab_size": d.bpe_vocab_size,
-                "tokenizer": tokenizer}  # fmt: skip
+        return {
+            "text": root / d.text,
+            "tokenizer_kind": d.tokenizer,
+            "vocab_size": d.bpe_vocab_size,
+            "tokenizer": tokenizer,
+        }
 
     def pair(split: str, source: str | None, target: str | None) -> PairFiles:
         if source and target:
@@ -42,9 +47,13 @@ def _from_config(args: argparse.Namespace) -> dict[str, Any]:
             multi30k_file(m30k, split, d.source_lang), multi30k_file(m30k, split, d.target_lang)
         )
 
-    return {"train": [pair("train", d.train_source, d.train_target)],
-            "valid": [pair("val", d.valid_source, d.valid_target)],
-            "vocab_size": d.bpe_vocab_size, "max_len": run.model.max_len, "tokenizer": tokenizer}  # fmt: skip
+    return {
+        "train": [pair("train", d.train_source, d.train_target)],
+        "valid": [pair("val", d.valid_source, d.valid_target)],
+        "vocab_size": d.bpe_vocab_size,
+        "max_len": run.model.max_len,
+        "tokenizer": tokenizer,
+    }
 
 
 def _from_files(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,17 +61,25 @@ def _from_files(args: argparse.Namespace) -> dict[str, Any]:
 
     tokenizer = _tokenizer_from(args.tokenizer) if args.tokenizer else None
     if args.text:
-        return {"text": Path(args.text), "tokenizer_kind": args.tokenizer_kind,
-                "vocab_size": args.vocab_size, "tokenizer": tokenizer}  # fmt: skip
+        return {
+            "text": Path(args.text),
+            "tokenizer_kind": args.tokenizer_kind,
+            "vocab_size": args.vocab_size,
+            "tokenizer": tokenizer,
+        }
     files = (args.source, args.target, args.valid_source, args.valid_target)
     if not all(files):
-        raise ValueError(
+        raise UserError(
             "preprocess needs a run's config, --text FILE, or all four of --source --target"
             " --valid-source --valid-target"
         )
-    return {"train": [PairFiles(Path(args.source), Path(args.target))],
-            "valid": [PairFiles(Path(args.valid_source), Path(args.valid_target))],
-            "vocab_size": args.vocab_size, "max_len": args.max_len, "tokenizer": tokenizer}  # fmt: skip
+    return {
+        "train": [PairFiles(Path(args.source), Path(args.target))],
+        "valid": [PairFiles(Path(args.valid_source), Path(args.valid_target))],
+        "vocab_size": args.vocab_size,
+        "max_len": args.max_len,
+        "tokenizer": tokenizer,
+    }
 
 
 def _report(result: Any) -> None:
@@ -72,9 +89,11 @@ def _report(result: Any) -> None:
     if h["kind"] == "text":
         print(f"  text: {h['tokens']:,} tokens")
     for split, info in h.get("splits", {}).items():
-        print(f"  {split}: {info['pairs']:,} pairs, {info['source']['tokens']:,} source and"
-              f" {info['target']['tokens']:,} target tokens, longest {info['source']['longest']}"
-              f" / {info['target']['longest']}")  # fmt: skip
+        print(
+            f"  {split}: {info['pairs']:,} pairs, {info['source']['tokens']:,} source and"
+            f" {info['target']['tokens']:,} target tokens, longest {info['source']['longest']}"
+            f" / {info['target']['longest']}"
+        )
     bad = h["bad_lines"]
     if bad["counts"]:
         counts = ", ".join(f"{n:,} {why}" for why, n in bad["counts"].items())
@@ -129,10 +148,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", help="a language model's text file (instead of pairs)")
     p.add_argument("--tokenizer-kind", choices=("bpe", "char"), default="bpe", help="for --text")
     p.add_argument("--vocab-size", type=int, default=8000, help="BPE vocabulary to train")
-    p.add_argument("--max-len", type=int, default=256,
-                   help="leave out pairs longer than this many tokens (with BOS/EOS)")  # fmt: skip
-    p.add_argument("--tokenizer", help="use this tokenizer (a tokenizer.json or a checkpoint"
-                   " folder) instead of training one")  # fmt: skip
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=256,
+        help="leave out pairs longer than this many tokens (with BOS/EOS)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        help="use this tokenizer (a tokenizer.json or a checkpoint folder) instead of training one",
+    )
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     p.add_argument("--overwrite", action="store_true", help="replace the folder at --out")
     p.set_defaults(func=cmd_preprocess)

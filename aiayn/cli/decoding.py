@@ -10,6 +10,7 @@ from typing import Any
 
 from aiayn.cli.common import _add_decoding, _add_device, _add_precision
 from aiayn.data.files import read_text, split_lines
+from aiayn.errors import UserError
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, ids: Any) ->
     eos = () if args.ignore_eos else ids.eos
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
-        raise ValueError("the prompt is empty: give at least one character")
+        raise UserError("the prompt is empty: give at least one character")
     sys.stdout.write(args.prompt)
     text = TextStream(tokenizer.decode, prompt_ids)
 
@@ -97,9 +98,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     model, tokenizer, ids = _load_lm(args.checkpoint, _device(args), _precision(args))
     if not isinstance(tokenizer, BPETokenizer):
-        raise ValueError(
-            f"{args.checkpoint}: a chat needs a Hugging Face tokenizer with a template"
-        )
+        raise UserError(f"{args.checkpoint}: a chat needs a Hugging Face tokenizer with a template")
     chat = Chat(
         model,
         tokenizer,
@@ -126,7 +125,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             for piece in chat.reply(line.rstrip("\n")):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-        except ValueError as err:  # the conversation outgrew the model: say so, go on
+        except UserError as err:  # the conversation outgrew the model: say so, go on
             sys.stdout.write(f"[{err}]")
         sys.stdout.write("\n")
 
@@ -213,7 +212,7 @@ def cmd_fill_mask(args: argparse.Namespace) -> int:
 
     model, tokenizer = _load_encoder(args.checkpoint, _device(args))
     if model.head is None:
-        raise ValueError(
+        raise UserError(
             f"{args.checkpoint} has no masked-LM head (a BertModel): fill-mask needs the weights"
             " of a BertForMaskedLM or BertForPreTraining"
         )
@@ -245,6 +244,11 @@ def _add_step_options(p: argparse.ArgumentParser) -> None:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register generate, chat, translate, embed, fill-mask."""
+    for add in (_add_generate, _add_chat, _add_translate, _add_embed, _add_fill_mask):
+        add(sub)
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a language model, streaming")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--prompt", default="\n")
@@ -267,6 +271,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_precision(p)
     p.set_defaults(func=cmd_generate)
 
+
+def _add_chat(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="talk to a chat model in the terminal (its chat template)")
     p.add_argument("--checkpoint", required=True, help="a folder with a chat_template")
     p.add_argument("--system", default=None, help="a system message opening the conversation")
@@ -280,6 +286,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_precision(p)
     p.set_defaults(func=cmd_chat)
 
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="translate lines (stdin -> stdout, or files)")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--input", default=None, help="file to translate (default: stdin)")
@@ -292,6 +300,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_precision(p)
     p.set_defaults(func=cmd_translate)
 
+
+def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "embed", help="sentence embeddings from an encoder (BERT), pooled as the folder says"
     )
@@ -303,6 +313,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_device(p)
     p.set_defaults(func=cmd_embed)
 
+
+def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fill-mask", help="the likeliest tokens at each [MASK] of a text (BERT)")
     p.add_argument("text", help='e.g. "Paris is the [MASK] of France."')
     p.add_argument("--checkpoint", required=True, help="an aiayn or Hugging Face BERT folder")

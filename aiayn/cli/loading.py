@@ -11,6 +11,7 @@ import torch
 
 from aiayn.checkpoint import Bundle, load
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
+from aiayn.errors import UserError
 from aiayn.generate.beam import BeamConfig
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.interop.generation_config import GenerationIds, generation_of
@@ -34,17 +35,20 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 
 def _load_as(
-    path: str, kind: type[M], what: str, device: torch.device | None,
+    path: str,
+    kind: type[M],
+    what: str,
+    device: torch.device | None,
     precision: Precision | None = None,
-) -> tuple[M, Bundle]:  # fmt: skip
+) -> tuple[M, Bundle]:
     """The model of the checkpoint, run or Hugging Face folder ``path``
-    (:func:`aiayn.checkpoint.load`), which must be a ``kind`` (``what`` names it in the
+    (``aiayn.checkpoint.load``), which must be a ``kind`` (``what`` names it in the
     error), in evaluation mode and, given a ``device``, ready for inference there in
     ``precision`` (the device's dtype by default); and its bundle."""
     bundle = load(path)
     model = bundle.model
     if not isinstance(model, kind):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not {what}")
+        raise UserError(f"{path} holds a {type(model).__name__}, not {what}")
     if device is not None:
         apply_precision(model, device, precision or Precision())
     return model.eval(), bundle
@@ -57,7 +61,7 @@ def _load_translator(
     aiayn trained)."""
     model, bundle = _load_as(path, EncoderDecoder, "a translation model", device, precision)
     if not isinstance(bundle.tokenizer, BPETokenizer | MarianTokenizer):
-        raise ValueError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
+        raise UserError(f"{path} is not a translation checkpoint (an encoder-decoder with BPE)")
     return model, bundle.tokenizer, generation_of(bundle.run)
 
 

@@ -6,6 +6,7 @@ import argparse
 
 from aiayn.cli.common import _add_set, _check_out, _overrides
 from aiayn.config import presets
+from aiayn.errors import UserError
 
 # The model_type of each family in aiayn/interop/families.py (named here, not imported, so
 # that the parser needs no torch; tests/test_cli.py holds the two equal).
@@ -60,20 +61,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"wrote the aiayn checkpoint {path}")
         return 0
     if not args.checkpoint:
-        raise ValueError(f"{'--quantize' if args.quantize else '--to-hf'} needs --checkpoint")
+        raise UserError(f"{'--quantize' if args.quantize else '--to-hf'} needs --checkpoint")
     bundle = load(args.checkpoint)
     if args.quantize:  # an aiayn checkpoint with int8 weights (aiayn/nn/quantized.py)
         from aiayn.checkpoint import save_bundle
         from aiayn.nn.quantized import quantize
 
         if bundle.model.config.quantization == "int8":
-            raise ValueError(f"{args.checkpoint} is already quantized to int8")
+            raise UserError(f"{args.checkpoint} is already quantized to int8")
         model = quantize(bundle.model.float())
         path = save_bundle(args.out, model, bundle.tokenizer, bundle.run)  # type: ignore[arg-type]
         print(f"wrote the int8 checkpoint {path}")
         return 0
     if not isinstance(bundle.model, DecoderLM | EncoderLM | EncoderDecoder):
-        raise ValueError(f"{args.checkpoint}: a {type(bundle.model).__name__} has no HF layout")
+        raise UserError(f"{args.checkpoint}: a {type(bundle.model).__name__} has no HF layout")
     tok = bundle.tokenizer if isinstance(bundle.tokenizer, BPETokenizer) else None
     path = save_hf_folder(bundle.model, args.out, args.to_hf, tokenizer=tok)
     print(f"wrote the Hugging Face folder {path}")
@@ -125,14 +126,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument("--from-hf", metavar="DIR", help="an HF folder (config.json, safetensors)")
     way.add_argument(
-        "--to-hf", metavar="FAMILY", choices=HF_FAMILIES,
+        "--to-hf",
+        metavar="FAMILY",
+        choices=HF_FAMILIES,
         help=f"write --checkpoint as this HF family ({', '.join(HF_FAMILIES)})",
-    )  # fmt: skip
+    )
     way.add_argument(
-        "--quantize", choices=("int8",),
+        "--quantize",
+        choices=("int8",),
         help="write --checkpoint (aiayn's or a Hugging Face folder) with int8 linear weights:"
         " it loads and decodes as it is, without quantizing again",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--checkpoint", help="the checkpoint or run folder to export (--to-hf) or quantize"
     )

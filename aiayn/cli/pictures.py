@@ -7,6 +7,7 @@ from pathlib import Path
 
 from aiayn.cli.common import _add_set, _overrides
 from aiayn.config import presets
+from aiayn.errors import UserError
 
 
 def cmd_inspect_attention(args: argparse.Namespace) -> int:
@@ -18,13 +19,13 @@ def cmd_inspect_attention(args: argparse.Namespace) -> int:
         from aiayn.inspect.image_attention import image_attention
 
         if not args.checkpoint:
-            raise ValueError("--image needs --checkpoint (a trained image model)")
+            raise UserError("--image needs --checkpoint (a trained image model)")
         path, numbers = image_attention(args.checkpoint, args.image, args.out, head=args.head)
         print(f"test image {args.image}: true {numbers['true']}, predicted {numbers['predicted']}")
         print(f"image    {path}")
         return 0
     if args.text is None:
-        raise ValueError("--text is required (or --image for an image model)")
+        raise UserError("--text is required (or --image for an image model)")
     written = attention_maps(
         args.checkpoint or args.preset,
         args.text,

@@ -8,6 +8,7 @@ import sys
 
 from aiayn.cli.common import _add_device, _add_precision
 from aiayn.config import presets
+from aiayn.errors import UserError
 from aiayn.interop.generation_config import generation_of
 from aiayn.serve.limits import DEFAULT_MAX_BODY, MAX_N, MAX_STOP_CHARS
 
@@ -62,7 +63,7 @@ def _api_key(given: str | None) -> str | None:
     refused: it would otherwise serve openly while looking protected."""
     key, source = (given, "--api-key") if given is not None else (os.environ.get(KEY_VAR), KEY_VAR)
     if key is not None and not key.strip():
-        raise ValueError(f"{source} is empty: give a key, or leave it unset to serve without one")
+        raise UserError(f"{source} is empty: give a key, or leave it unset to serve without one")
     return key
 
 

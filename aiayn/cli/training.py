@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from aiayn.cli.common import _add_decoding, _add_device, _add_precision, _add_set, _train_overrides
 from aiayn.data.files import data_dir
+from aiayn.errors import UserError
 
 if TYPE_CHECKING:
     from aiayn.models import EncoderDecoder
@@ -98,7 +99,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     kind = "image" if run.model.vision.image_size is not None else run.model.arch
     trainers["image"] = train_vision
     if kind not in trainers:
-        raise ValueError(f"aiayn train has no task for arch={run.model.arch!r} yet")
+        raise UserError(f"aiayn train has no task for arch={run.model.arch!r} yet")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # torchrun
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
@@ -135,7 +136,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return _evaluate_images(model, bundle.run)
     text = args.text or data.get("text")
     if not text:
-        raise ValueError("no text to evaluate on: pass --text FILE")
+        raise UserError("no text to evaluate on: pass --text FILE")
     path = Path(text) if Path(text).is_file() else data_dir(args.data) / text
     stream = TokenStream.from_file(path, tokenizer, train_fraction=data.get("train_fraction", 0.9))
     block = args.block or model.config.max_len
@@ -167,7 +168,7 @@ def _evaluate_lm_eval(args: argparse.Namespace, model: object, tokenizer: object
     from aiayn.models import DecoderLM
 
     if not isinstance(model, DecoderLM):
-        raise ValueError(
+        raise UserError(
             f"--lm-eval scores language models; {args.checkpoint} holds a {type(model).__name__}"
         )
     lm = AiaynLM(model, tokenizer, batch_size=args.batch_size)  # type: ignore[arg-type]
@@ -217,10 +218,10 @@ def _evaluate_translation(
     from aiayn.evaluate.translation import evaluate_translation
 
     if not isinstance(tokenizer, BPETokenizer | MarianTokenizer):
-        raise ValueError("a translation checkpoint needs a BPE or Marian tokenizer")
+        raise UserError("a translation checkpoint needs a BPE or Marian tokenizer")
     src_lang, tgt_lang = str(data.get("source_lang", "de")), str(data.get("target_lang", "en"))
     if bool(args.source) != bool(args.reference):
-        raise ValueError("--source and --reference go together: a test set's two files")
+        raise UserError("--source and --reference go together: a test set's two files")
     if args.source:  # a test set of one's own (newstest2014 from aiayn download)
         pairs = read_parallel(args.source, args.reference)
         name = f"{args.source} -> {args.reference}"
@@ -229,7 +230,7 @@ def _evaluate_translation(
         name = f"{args.split} {src_lang}->{tgt_lang}"
     if args.limit is not None:
         if args.limit < 1:
-            raise ValueError(f"--limit {args.limit}: score at least 1 sentence")
+            raise UserError(f"--limit {args.limit}: score at least 1 sentence")
         pairs = pairs[: args.limit]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     t0 = time.perf_counter()
@@ -261,7 +262,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             raise
     results = collect(sweep, out)
     if args.report_only and not results:
-        raise ValueError(
+        raise UserError(
             f"nothing to report in {out}: no variant of {args.sweep} has finished there"
             " (run the sweep without --report-only, or give its --out)"
         )

@@ -11,7 +11,7 @@ which is what a resumed run needs.
 Everything works on arrays of lengths, never on the tokens, so that a corpus of millions of
 pairs (the paper's 4.5M of WMT14) is planned in a second from its shards' offsets index
 (aiayn/data/shards.py): the sort is one ``argsort`` of a packed 64-bit key, and the packing
-walks batch by batch, not sentence by sentence.  A :class:`BatchPlan` holds an epoch as the
+walks batch by batch, not sentence by sentence.  A ``BatchPlan`` holds an epoch as the
 sorted order and the batches' bounds in it (a few bytes per pair), not as Python lists.
 
 Shapes: N pairs, B sentences in a batch, S source length, T target length.
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
+
+from aiayn.errors import UserError
 
 # (N, 2) source and target lengths, or the two as separate (N,) arrays
 LengthsLike = Sequence[tuple[int, int]] | np.ndarray | tuple[np.ndarray, np.ndarray]
@@ -63,11 +65,11 @@ def _as_arrays(lengths: LengthsLike) -> tuple[np.ndarray, np.ndarray]:
 
 def _check(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
     if max_tokens < 1:
-        raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        raise UserError(f"max_tokens={max_tokens} must be >= 1")
     too_long = np.flatnonzero(np.maximum(src, tgt) > max_tokens)
     if len(too_long):
         i = int(too_long[0])
-        raise ValueError(
+        raise UserError(
             f"example {i} has {src[i]} source and {tgt[i]} target tokens, more than"
             f" max_tokens={max_tokens}"
         )
@@ -138,7 +140,7 @@ def plan_batches(
 
     ``lengths`` is (N, 2): each example's source and target length.  Raises ValueError naming
     the example if one pair alone exceeds the budget.  The batches are those of
-    :func:`token_batches`, exactly: the same sort, ties broken by the same draws of the
+    ``token_batches``, exactly: the same sort, ties broken by the same draws of the
     generator seeded by (seed, epoch), the same shuffle."""
     src, tgt = _as_arrays(lengths)
     _check(src, tgt, max_tokens)
@@ -165,7 +167,7 @@ def token_batches(
     epoch: int = 0,
     shuffle: bool = True,
 ) -> list[list[int]]:
-    """:func:`plan_batches` as lists of indices (for small data and tests)."""
+    """``plan_batches`` as lists of indices (for small data and tests)."""
     return plan_batches(lengths, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle).lists()
 
 
@@ -173,7 +175,7 @@ def batch_shapes(
     lengths: LengthsLike, max_tokens: int, *, seed: int, batches: int
 ) -> Iterator[tuple[int, int, int, int]]:
     """(sentences, padded source length, padded target length, real target tokens) of the
-    first ``batches`` batches a run draws: :func:`plan_batches` of each epoch in turn, the
+    first ``batches`` batches a run draws: ``plan_batches`` of each epoch in turn, the
     order the translation task trains on.  For counting a run's FLOPs and tokens without
     running it."""
     src, tgt = _as_arrays(lengths)
@@ -181,7 +183,7 @@ def batch_shapes(
     while drawn < batches:
         plan = plan_batches(np.stack([src, tgt], 1), max_tokens, seed=seed, epoch=epoch)
         if not len(plan):
-            raise ValueError("no batches: the data is empty")
+            raise UserError("no batches: the data is empty")
         for b in plan:
             if drawn == batches:
                 return

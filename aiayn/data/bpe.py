@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from aiayn.errors import UserError
+
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
 
@@ -17,7 +19,7 @@ PAD, BOS, EOS, UNK = range(4)
 def train_bpe(lines: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> Tokenizer:
     """A byte-level BPE tokenizer with ``<pad>``=0, ``<s>``=1, ``</s>``=2, ``<unk>``=3."""
     if vocab_size < len(SPECIAL_TOKENS) + 256:
-        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs >= 260")
+        raise UserError(f"vocab_size={vocab_size} is too small: byte-level BPE needs >= 260")
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

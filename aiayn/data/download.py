@@ -1,10 +1,10 @@
 """Downloading corpora: checksummed, cached, resumable -- and the WMT14 English-German recipe.
 
-:func:`fetch` brings one file into a cache folder: it resumes a partial download where it
+``fetch`` brings one file into a cache folder: it resumes a partial download where it
 stopped (an HTTP ``Range`` request), checks the size and SHA-256 before the file takes its
 name, and finds a verified file in the cache the next time without touching the network.
 
-:func:`prepare_wmt14_en_de` is the paper's data (§5.1: "the standard WMT 2014 English-German
+``prepare_wmt14_en_de`` is the paper's data (§5.1: "the standard WMT 2014 English-German
 dataset consisting of about 4.5 million sentence pairs"): Europarl v7, Common Crawl and News
 Commentary v9 from statmt.org (the SHA-256 and sizes are those TensorFlow Datasets publishes
 for the same URLs), joined into ``train.en`` / ``train.de``; newstest2013 for validation and
@@ -12,7 +12,7 @@ newstest2014 for the test, as sacreBLEU distributes them (its own download and c
 that the BLEU of ``aiayn evaluate`` and its signature are sacreBLEU's.  Every step writes its
 output atomically and is skipped when done: a stopped preparation resumes.
 
-Tests and CI never download: they run :func:`fetch` against a local HTTP server.
+Tests and CI never download: they run ``fetch`` against a local HTTP server.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.atomic import fsync_path, sha256_file
+from aiayn.errors import UserError
 
 Log = Callable[[str], None]
 BLOCK = 1 << 20
@@ -137,7 +138,7 @@ def fetch(
             break
         except (OSError, urllib.error.URLError) as err:
             if attempt == attempts:
-                raise ValueError(
+                raise UserError(
                     f"cannot download {remote.url}: {err} (what arrived is kept in {partial};"
                     " run again to resume)"
                 ) from err
@@ -145,11 +146,11 @@ def fetch(
     size = partial.stat().st_size
     if remote.size is not None and size != remote.size:
         partial.unlink()
-        raise ValueError(f"{remote.url}: {size} bytes arrived, expected {remote.size}")
+        raise UserError(f"{remote.url}: {size} bytes arrived, expected {remote.size}")
     got = sha256_file(partial)
     if got != remote.sha256:
         partial.unlink()
-        raise ValueError(f"checksum mismatch for {remote.url}: expected {remote.sha256}, got {got}")
+        raise UserError(f"checksum mismatch for {remote.url}: expected {remote.sha256}, got {got}")
     os.replace(partial, dest)
     _mark_verified(dest, remote)
     return dest
@@ -169,16 +170,34 @@ class Corpus:
 
 STATMT = "http://www.statmt.org"
 WMT14_EN_DE = (
-    Corpus(Remote(f"{STATMT}/wmt13/training-parallel-europarl-v7.tgz",
-                  "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7", 657632379),
-           "training/europarl-v7.de-en.en", "training/europarl-v7.de-en.de"),
-    Corpus(Remote(f"{STATMT}/wmt13/training-parallel-commoncrawl.tgz",
-                  "c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5", 918311367),
-           "commoncrawl.de-en.en", "commoncrawl.de-en.de"),
-    Corpus(Remote(f"{STATMT}/wmt14/training-parallel-nc-v9.tgz",
-                  "cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485", 80418416),
-           "training/news-commentary-v9.de-en.en", "training/news-commentary-v9.de-en.de"),
-)  # fmt: skip
+    Corpus(
+        Remote(
+            f"{STATMT}/wmt13/training-parallel-europarl-v7.tgz",
+            "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
+            657632379,
+        ),
+        "training/europarl-v7.de-en.en",
+        "training/europarl-v7.de-en.de",
+    ),
+    Corpus(
+        Remote(
+            f"{STATMT}/wmt13/training-parallel-commoncrawl.tgz",
+            "c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5",
+            918311367,
+        ),
+        "commoncrawl.de-en.en",
+        "commoncrawl.de-en.de",
+    ),
+    Corpus(
+        Remote(
+            f"{STATMT}/wmt14/training-parallel-nc-v9.tgz",
+            "cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485",
+            80418416,
+        ),
+        "training/news-commentary-v9.de-en.en",
+        "training/news-commentary-v9.de-en.de",
+    ),
+)
 # (sacreBLEU test set, its language pair) -> our split name
 WMT14_EVAL = {"valid": ("wmt13", "en-de"), "test": ("wmt14", "en-de")}
 
@@ -199,7 +218,7 @@ def _extract_members(archive: Path, members: Sequence[str], dest: Sequence[Path]
                 found.add(info.name)
     missing = set(members) - found
     if missing:
-        raise ValueError(f"{archive} has no member {sorted(missing)[0]!r}")
+        raise UserError(f"{archive} has no member {sorted(missing)[0]!r}")
 
 
 def _join(parts: Sequence[Path], dest: Path) -> int:
@@ -264,7 +283,7 @@ def prepare_wmt14_en_de(
             _extract_members(archive, (corpus.english, corpus.german), (en, de))
         n_en, n_de = _count_lines(en), _count_lines(de)
         if n_en != n_de:
-            raise ValueError(f"{corpus.archive.name}: {n_en} English lines but {n_de} German")
+            raise UserError(f"{corpus.archive.name}: {n_en} English lines but {n_de} German")
         english.append(en)
         german.append(de)
     for lang, parts in (("en", english), ("de", german)):

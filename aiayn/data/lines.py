@@ -3,7 +3,7 @@
 A corpus of millions of lines is read one line at a time as bytes: decoding is left to the
 caller, so that a line that is not UTF-8 can be reported by file and line number and left out
 rather than stop the whole read (aiayn/data/preprocess.py).  Lines end at ``\\n`` only (with a
-``\\r`` before it dropped), as :func:`aiayn.data.files.split_lines` splits them.
+``\\r`` before it dropped), as ``aiayn.data.files.split_lines`` splits them.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from aiayn.errors import UserError
+
 
 def open_binary(path: str | os.PathLike[str]) -> BinaryIO:
     """``path`` opened for reading bytes, decompressed when it ends in ``.gz`` or ``.xz``."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"text file {p} does not exist")
+        raise UserError(f"text file {p} does not exist")
     if p.suffix == ".gz":
         return cast(BinaryIO, gzip.open(p, "rb"))
     if p.suffix == ".xz":
@@ -43,7 +45,7 @@ def line_bytes(path: str | os.PathLike[str], *, keep_ends: bool = False) -> Iter
                 else:
                     yield raw[:-1] if raw.endswith(b"\r") else raw
     except (OSError, EOFError, lzma.LZMAError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from err
+        raise UserError(f"cannot read {path}: {err}") from err
 
 
 def paired_lines(
@@ -54,7 +56,7 @@ def paired_lines(
     for n, (s, t) in enumerate(zip_longest(line_bytes(source), line_bytes(target))):
         if s is None or t is None:
             longer, shorter = (target, source) if s is None else (source, target)
-            raise ValueError(
+            raise UserError(
                 f"parallel files differ in length: {shorter} has {n} lines, {longer} has more"
             )
         yield s, t

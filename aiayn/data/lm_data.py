@@ -19,6 +19,7 @@ from torch import Tensor
 from aiayn.data.files import read_text
 from aiayn.data.shards import Mapped
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import UserError
 
 
 class TokenStream:
@@ -35,7 +36,7 @@ class TokenStream:
         mapped: Mapped | None = None,
     ) -> None:
         if not 0.0 < train_fraction < 1.0:
-            raise ValueError(f"train_fraction={train_fraction} must be in (0, 1)")
+            raise UserError(f"train_fraction={train_fraction} must be in (0, 1)")
         data = tokens.numpy() if isinstance(tokens, Tensor) else tokens
         n = int(len(data) * train_fraction)
         self.splits = {"train": data[:n], "val": data[n:]}
@@ -59,7 +60,7 @@ class TokenStream:
     def _check(self, split: str, block: int) -> None:
         n = len(self.splits[split])
         if n <= block + 1:
-            raise ValueError(
+            raise UserError(
                 f"the {split} split has {n} tokens; block={block} needs at least {block + 2}"
                 " (a longer text, a smaller block, or another train_fraction)"
             )

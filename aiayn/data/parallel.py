@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiayn.data.download import Remote, fetch
 from aiayn.data.files import read_lines
+from aiayn.errors import UserError
 
 SPLITS = ("train", "val", "test_2016_flickr")
 LANGUAGES = ("en", "de", "fr")
@@ -45,13 +46,13 @@ def read_parallel(source: str | os.PathLike[str], target: str | os.PathLike[str]
     differ, when a file is empty or not UTF-8, or when a line is empty on one side only."""
     src, tgt = read_lines(source), read_lines(target)
     if len(src) != len(tgt):
-        raise ValueError(
+        raise UserError(
             f"parallel files differ in length: {source} has {len(src)} lines, {target} has {len(tgt)}"
         )
     for number, (s, t) in enumerate(zip(src, tgt, strict=True), 1):
         if bool(s.strip()) != bool(t.strip()):
             side = source if not s.strip() else target
-            raise ValueError(f"line {number} is empty in {side} but not in its pair")
+            raise UserError(f"line {number} is empty in {side} but not in its pair")
     return [
         Pair(s, t, number)
         for number, (s, t) in enumerate(zip(src, tgt, strict=True), 1)
@@ -62,17 +63,17 @@ def read_parallel(source: str | os.PathLike[str], target: str | os.PathLike[str]
 def multi30k_file(root: Path, split: str, lang: str, *, allow_download: bool = True) -> Path:
     """Path of one Multi30k file under ``root`` (downloaded and verified if missing)."""
     if split not in SPLITS:
-        raise ValueError(f"unknown Multi30k split {split!r}; expected one of {SPLITS}")
+        raise UserError(f"unknown Multi30k split {split!r}; expected one of {SPLITS}")
     if lang not in LANGUAGES:
-        raise ValueError(f"unknown Multi30k language {lang!r}; expected one of {LANGUAGES}")
+        raise UserError(f"unknown Multi30k language {lang!r}; expected one of {LANGUAGES}")
     name = f"{split}.{lang}.gz"
     path = root / name
     if path.is_file():
         return path
     if not allow_download:
-        raise ValueError(f"Multi30k file {path} is missing (downloads disabled)")
+        raise UserError(f"Multi30k file {path} is missing (downloads disabled)")
     if name not in MULTI30K_SHA256:
-        raise ValueError(f"Multi30k file {path} is missing and no checksum is known for it")
+        raise UserError(f"Multi30k file {path} is missing and no checksum is known for it")
     return fetch(Remote(MULTI30K_URL.format(name=name), MULTI30K_SHA256[name]), root)
 
 
@@ -81,7 +82,7 @@ def multi30k(
 ) -> list[Pair]:
     """Sentence pairs of one Multi30k split in the direction ``src_lang`` -> ``tgt_lang``."""
     if src_lang == tgt_lang:
-        raise ValueError(f"source and target language are both {src_lang!r}")
+        raise UserError(f"source and target language are both {src_lang!r}")
     return read_parallel(
         multi30k_file(root, split, src_lang, allow_download=allow_download),
         multi30k_file(root, split, tgt_lang, allow_download=allow_download),

@@ -43,6 +43,7 @@ from aiayn.atomic import begin_folder, commit_folder, sha256_file
 from aiayn.data import shards
 from aiayn.data.lines import decode, line_bytes, paired_lines
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
+from aiayn.errors import UserError
 
 CHUNK_PAIRS = 32_768  # sentence pairs per part file
 CHUNK_TEXT_BYTES = 4 << 20  # a language model's text per part file
@@ -70,7 +71,7 @@ class BadLine:
 
 def _file_identity(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise ValueError(f"text file {path} does not exist")
+        raise UserError(f"text file {path} does not exist")
     st = path.stat()
     return {"path": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -234,7 +235,7 @@ def _cut_before(previous: bytes, line: bytes) -> int | None:
 
 def _text_chunks(path: Path, size: int) -> Iterator[tuple[str, int, str, list[bytes]]]:
     """Chunks of lines (with their endings) of at least ``size`` bytes, cut only where
-    :func:`_cut_before` allows, so that the chunks encode to the ids of the whole text.  A
+    ``_cut_before`` allows, so that the chunks encode to the ids of the whole text.  A
     chunk's first line number is that of its first line (a ``\n`` carried over from a
     ``\r\n`` joins the next line)."""
     lines: list[bytes] = []
@@ -365,16 +366,25 @@ class _Appender:
     def close(self) -> dict[str, Any]:
         self.bin.close()
         self.idx.close()
-        return {"tokens": self.end, "longest": len(self.histogram) - 1,
-                "length_histogram": self.histogram.tolist()}  # fmt: skip
+        return {
+            "tokens": self.end,
+            "longest": len(self.histogram) - 1,
+            "length_histogram": self.histogram.tolist(),
+        }
 
 
 def _source_files(files: list[PairFiles]) -> list[dict[str, Any]]:
     return [
-        {side: {"path": str(getattr(p, side)), "bytes": getattr(p, side).stat().st_size,
-                "sha256": sha256_file(getattr(p, side))} for side in shards.SIDES}
+        {
+            side: {
+                "path": str(getattr(p, side)),
+                "bytes": getattr(p, side).stat().st_size,
+                "sha256": sha256_file(getattr(p, side)),
+            }
+            for side in shards.SIDES
+        }
         for p in files
-    ]  # fmt: skip
+    ]
 
 
 def _collect_bad(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -400,18 +410,22 @@ class Result:
 
 def _header(kind: str, tokenizer: Tokenizer, **fields: Any) -> dict[str, Any]:
     return {
-        "format": shards.FORMAT, "version": shards.VERSION, "kind": kind,
+        "format": shards.FORMAT,
+        "version": shards.VERSION,
+        "kind": kind,
         "dtype": str(shards.token_dtype(tokenizer.vocab_size)),
-        "vocab_size": tokenizer.vocab_size, "tokenizer_kind": tokenizer.kind,
-        "tokenizer_sha256": tokenizer_digest(tokenizer), **fields,
-    }  # fmt: skip
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer_kind": tokenizer.kind,
+        "tokenizer_sha256": tokenizer_digest(tokenizer),
+        **fields,
+    }
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not overwrite:
-        raise ValueError(f"{out} exists: pass --overwrite to replace it")
+        raise UserError(f"{out} exists: pass --overwrite to replace it")
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a folder")
+        raise UserError(f"{out} exists and is not a folder")
 
 
 def _train_lines(files: list[PairFiles]) -> Iterator[str]:
@@ -445,12 +459,17 @@ def preprocess_parallel(
     out = Path(out)
     _check_out(out, overwrite)
     if not train or not valid:
-        raise ValueError("preprocessing a parallel corpus needs training and validation files")
+        raise UserError("preprocessing a parallel corpus needs training and validation files")
     workers = workers or os.cpu_count() or 1
-    spec = {"kind": "parallel", "vocab_size": vocab_size, "max_len": max_len, "chunk": chunk,
-            "tokenizer": None if tokenizer is None else tokenizer_digest(tokenizer),
-            "train": [[_file_identity(p.source), _file_identity(p.target)] for p in train],
-            "valid": [[_file_identity(p.source), _file_identity(p.target)] for p in valid]}  # fmt: skip
+    spec = {
+        "kind": "parallel",
+        "vocab_size": vocab_size,
+        "max_len": max_len,
+        "chunk": chunk,
+        "tokenizer": None if tokenizer is None else tokenizer_digest(tokenizer),
+        "train": [[_file_identity(p.source), _file_identity(p.target)] for p in train],
+        "valid": [[_file_identity(p.source), _file_identity(p.target)] for p in valid],
+    }
     work = WorkDir(out, spec, log)
 
     def train_tokenizer() -> Tokenizer:
@@ -491,11 +510,16 @@ def _assemble_parallel(
             summary = {side: a.close() for side, a in sides.items()}
             pairs = sides["source"].count
             if pairs == 0:
-                raise ValueError(f"no {split} pairs are left after the checks")
+                raise UserError(f"no {split} pairs are left after the checks")
             splits[split] = {"pairs": pairs, "blank_pairs": blank, **summary}
-        header = _header("parallel", tok, max_len=max_len, splits=splits,
-                         sources={s: _source_files(f) for s, f in files.items()},
-                         bad_lines=_collect_bad(all_stats))  # fmt: skip
+        header = _header(
+            "parallel",
+            tok,
+            max_len=max_len,
+            splits=splits,
+            sources={s: _source_files(f) for s, f in files.items()},
+            bad_lines=_collect_bad(all_stats),
+        )
         tok.save(tmp / shards.TOKENIZER_FILE)
         (tmp / shards.HEADER_FILE).write_text(json.dumps(header, indent=1))
     except BaseException:
@@ -515,7 +539,7 @@ def _text_tokenizer(path: Path, kind: str, vocab_size: int) -> Tokenizer:
         for text in texts:
             chars.update(text)
         if not chars:
-            raise ValueError(f"text file {path} is empty")
+            raise UserError(f"text file {path} is empty")
         return CharTokenizer(sorted(chars))
     return BPETokenizer.from_lines((ln for t in texts for ln in t.splitlines(True)), vocab_size)
 
@@ -538,9 +562,14 @@ def preprocess_text(
     out, path = Path(out), Path(path)
     _check_out(out, overwrite)
     workers = workers or os.cpu_count() or 1
-    spec = {"kind": "text", "tokenizer_kind": tokenizer_kind, "vocab_size": vocab_size,
-            "chunk": chunk_bytes, "text": _file_identity(path),
-            "tokenizer": None if tokenizer is None else tokenizer_digest(tokenizer)}  # fmt: skip
+    spec = {
+        "kind": "text",
+        "tokenizer_kind": tokenizer_kind,
+        "vocab_size": vocab_size,
+        "chunk": chunk_bytes,
+        "text": _file_identity(path),
+        "tokenizer": None if tokenizer is None else tokenizer_digest(tokenizer),
+    }
     work = WorkDir(out, spec, log)
     tok = work.tokenizer(lambda: tokenizer or _text_tokenizer(path, tokenizer_kind, vocab_size))
     init = (work.tokenizer_file.read_text(), str(work.parts), None)
@@ -557,11 +586,20 @@ def preprocess_text(
                 tokens += len(arrays["text"])
                 stats.append(s)
         if tokens == 0:
-            raise ValueError(f"text file {path} is empty")
-        header = _header("text", tok, tokens=tokens,
-                         sources={"text": {"path": str(path), "bytes": path.stat().st_size,
-                                           "sha256": sha256_file(path)}},
-                         bad_lines=_collect_bad(stats))  # fmt: skip
+            raise UserError(f"text file {path} is empty")
+        header = _header(
+            "text",
+            tok,
+            tokens=tokens,
+            sources={
+                "text": {
+                    "path": str(path),
+                    "bytes": path.stat().st_size,
+                    "sha256": sha256_file(path),
+                }
+            },
+            bad_lines=_collect_bad(stats),
+        )
         tok.save(tmp / shards.TOKENIZER_FILE)
         (tmp / shards.HEADER_FILE).write_text(json.dumps(header, indent=1))
     except BaseException:

@@ -17,9 +17,9 @@ fairseq's and Megatron's indexed datasets are the same idea):
 Reading maps the files and copies only what a batch needs; the length of every sentence comes
 from the offsets alone, so that batches are planned without reading a token
 (aiayn/data/batching.py).  Pages the reads touched are handed back to the kernel every
-:data:`RELEASE_READS` reads (:meth:`Mapped.release`): without that, the pages the kernel maps
+``RELEASE_READS`` reads (``Mapped.release``): without that, the pages the kernel maps
 around each scattered read pile up in the process's resident memory, about 20 MB a training
-step on a corpus of 4.5M pairs, and the resident set grows with the corpus.  The same classes hold small corpora in memory (:meth:`Sequences.from_lists`): the
+step on a corpus of 4.5M pairs, and the resident set grows with the corpus.  The same classes hold small corpora in memory (``Sequences.from_lists``): the
 plain-files path of training reads through them too.
 
 Shapes: N sentences, B sentences in a batch, S / T source / target lengths.
@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from aiayn.atomic import MANIFEST_FILE, inside
+from aiayn.errors import UserError
 
 FORMAT = "aiayn-shards"
 VERSION = 1
@@ -74,7 +75,7 @@ class Mapped:
         self.path, self.dtype = path, dtype
         size = path.stat().st_size
         if size % dtype.itemsize:
-            raise ValueError(
+            raise UserError(
                 f"{path}: size = {size} bytes; expected a whole number of {dtype} values"
                 f" ({dtype.itemsize} bytes each)"
             )
@@ -88,8 +89,8 @@ class Mapped:
         self._read = 0
 
     def note_read(self, reads: int) -> None:
-        """Count scattered reads (rows, windows); past :data:`RELEASE_READS`, release the
-        touched pages (about 1 ms for a map of 600 MB)."""
+        """Count scattered reads (rows, windows); past ``RELEASE_READS``, release the
+        touched pages (one madvise call over the whole map)."""
         self._read += reads
         if self._read >= RELEASE_READS:
             self.release()
@@ -109,7 +110,7 @@ class Sequences:
         self, tokens: np.ndarray, offsets: np.ndarray, maps: Sequence[Mapped] = ()
     ) -> None:
         if len(offsets) == 0 or int(offsets[0]) != 0 or int(offsets[-1]) != len(tokens):
-            raise ValueError(
+            raise UserError(
                 f"offsets index does not span the tokens: it ends at"
                 f" {int(offsets[-1]) if len(offsets) else 'nothing'}, the tokens number"
                 f" {len(tokens)}"
@@ -127,8 +128,8 @@ class Sequences:
     def open(
         cls, folder: Path, split: str, side: str, dtype: np.dtype[Any], vocab_size: int
     ) -> Sequences:
-        """The mapped split, its offsets and ids checked (:func:`check_offsets`,
-        :func:`check_ids`) before anything reads them."""
+        """The mapped split, its offsets and ids checked (``check_offsets``,
+        ``check_ids``) before anything reads them."""
         tokens = Mapped(shard_file(folder, bin_name(split, side)), dtype)
         offsets = Mapped(shard_file(folder, idx_name(split, side)), np.dtype(np.int64))
         check_offsets(offsets, len(tokens.array))
@@ -192,14 +193,14 @@ def padded(
 
 @dataclass
 class ParallelSplit:
-    """Sentence pairs of one split: source and target :class:`Sequences`."""
+    """Sentence pairs of one split: source and target ``Sequences``."""
 
     source: Sequences
     target: Sequences
 
     def __post_init__(self) -> None:
         if len(self.source) != len(self.target):
-            raise ValueError(
+            raise UserError(
                 f"{self.target.where}: sentences = {len(self.target)}; expected as many as the"
                 f" source side's {len(self.source)} ({self.source.where})"
             )
@@ -216,23 +217,23 @@ def read_header(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The header of a shards folder, checked: the format, the version, the kind, the token
     dtype, the vocabulary size, the tokenizer's SHA-256 and the splits (each side's longest
     sentence, which training reads), and every file the manifest lists inside the
-    folder and present at its size (the full SHA-256 check is :func:`verify`).  A folder from
+    folder and present at its size (the full SHA-256 check is ``verify``).  A folder from
     elsewhere that is wrong in any of them is a ValueError naming the file and the field."""
     folder = Path(folder)
     path = folder / HEADER_FILE
     if not path.is_file():
-        raise ValueError(
+        raise UserError(
             f"{folder} holds no token shards ({HEADER_FILE} is missing): make them with"
             " aiayn preprocess"
         )
     try:
         header = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"corrupt shards header {path}: {err}") from err
+        raise UserError(f"corrupt shards header {path}: {err}") from err
     if not isinstance(header, dict):
-        raise ValueError(f"corrupt shards header {path}: expected a JSON object")
+        raise UserError(f"corrupt shards header {path}: expected a JSON object")
     if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise ValueError(
+        raise UserError(
             f"{path} is not aiayn shards of version {VERSION} (format"
             f" {header.get('format')!r}, version {header.get('version')!r}): make them again"
             " with aiayn preprocess"
@@ -283,9 +284,9 @@ def _check_header(header: dict[str, Any], path: Path) -> None:
         shown = repr(value)
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        raise ValueError(f"{path}: {field} = {shown}; expected {want}")
+        raise UserError(f"{path}: {field} = {shown}; expected {want}")
     if np.dtype(header["dtype"]) != token_dtype(header["vocab_size"]):
-        raise ValueError(
+        raise UserError(
             f"{path}: dtype = {header['dtype']!r} does not hold a vocabulary of"
             f" {header['vocab_size']} (expected {token_dtype(header['vocab_size'])})"
         )
@@ -311,7 +312,7 @@ def _header_problems(header: dict[str, Any]) -> Iterator[tuple[str, object, str]
 
 
 def _field(value: object, *keys: str) -> object:
-    """``value[k1][k2]...``, or :data:`MISSING` where one is not an object with that key."""
+    """``value[k1][k2]...``, or ``MISSING`` where one is not an object with that key."""
     for key in keys:
         if not isinstance(value, dict) or key not in value:
             return MISSING
@@ -327,11 +328,11 @@ def _check_manifest_sizes(folder: Path) -> None:
         files = json.loads(manifest.read_text())["files"]
         entries = [(name, int(meta["size"])) for name, meta in files.items()]
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"corrupt manifest {manifest}: {err}") from err
+        raise UserError(f"corrupt manifest {manifest}: {err}") from err
     for name, size in entries:
         f = inside(folder, name, str(manifest))
         if not f.is_file() or f.stat().st_size != size:
-            raise ValueError(f"shard file {f} is missing or truncated (expected {size} bytes)")
+            raise UserError(f"shard file {f} is missing or truncated (expected {size} bytes)")
 
 
 def shard_file(folder: Path, name: str) -> Path:
@@ -339,7 +340,7 @@ def shard_file(folder: Path, name: str) -> Path:
     device or pipe); else a ValueError naming it."""
     path = inside(folder, name, str(folder / HEADER_FILE))
     if not path.is_file():
-        raise ValueError(
+        raise UserError(
             f"{path}: missing (or not a regular file); expected the shard file the header's"
             " kind and splits call for"
         )
@@ -354,7 +355,7 @@ def check_ids(mapped: Mapped, vocab_size: int, chunk: int = 1 << 24) -> None:
         part = ids[start : start + chunk]
         if int(part.max()) >= vocab_size:
             at = start + int(np.argmax(part >= vocab_size))
-            raise ValueError(
+            raise UserError(
                 f"{mapped.path}: token {at} has id {int(ids[at])}; expected ids below the"
                 f" header's vocab_size={vocab_size}"
             )
@@ -367,7 +368,7 @@ def check_offsets(mapped: Mapped, tokens: int, chunk: int = 1 << 24) -> None:
     if len(offsets) == 0 or int(offsets[0]) != 0 or int(offsets[-1]) != tokens:
         first = int(offsets[0]) if len(offsets) else None
         last = int(offsets[-1]) if len(offsets) else None
-        raise ValueError(
+        raise UserError(
             f"{mapped.path}: offsets run from {first} to {last}; expected 0 to the token"
             f" count, {tokens}"
         )
@@ -376,7 +377,7 @@ def check_offsets(mapped: Mapped, tokens: int, chunk: int = 1 << 24) -> None:
         falls = np.flatnonzero(np.diff(part) < 0)
         if len(falls):
             i = start + int(falls[0])
-            raise ValueError(
+            raise UserError(
                 f"{mapped.path}: offset {i + 1} ({int(offsets[i + 1])}) is below offset {i}"
                 f" ({int(offsets[i])}); expected offsets that never decrease"
             )
@@ -397,7 +398,7 @@ def open_parallel(
     folder = Path(folder)
     header = read_header(folder)
     if header["kind"] != "parallel":
-        raise ValueError(f"{folder} holds {header['kind']!r} shards, not parallel text")
+        raise UserError(f"{folder} holds {header['kind']!r} shards, not parallel text")
     dtype, vocab = np.dtype(header["dtype"]), header["vocab_size"]
     splits = {
         split: ParallelSplit(*(Sequences.open(folder, split, side, dtype, vocab) for side in SIDES))
@@ -411,7 +412,7 @@ def open_text(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], Mapped]:
     folder = Path(folder)
     header = read_header(folder)
     if header["kind"] != "text":
-        raise ValueError(f"{folder} holds {header['kind']!r} shards, not a text stream")
+        raise UserError(f"{folder} holds {header['kind']!r} shards, not a text stream")
     stream = Mapped(shard_file(folder, TEXT_FILE), np.dtype(header["dtype"]))
     check_ids(stream, header["vocab_size"])
     return header, stream

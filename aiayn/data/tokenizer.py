@@ -7,20 +7,22 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from aiayn.errors import UserError
+
 
 class CharTokenizer:
     kind = "char"
 
     def __init__(self, chars: list[str]) -> None:
         if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
-            raise ValueError("CharTokenizer needs distinct single characters")
+            raise UserError("CharTokenizer needs distinct single characters")
         self.chars = chars
         self.index = {c: i for i, c in enumerate(chars)}
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
         if not text:
-            raise ValueError("cannot build a character vocabulary from empty text")
+            raise UserError("cannot build a character vocabulary from empty text")
         return cls(sorted(set(text)))
 
     @property
@@ -31,7 +33,7 @@ class CharTokenizer:
         try:
             return [self.index[c] for c in text]
         except KeyError as err:
-            raise ValueError(
+            raise UserError(
                 f"character {err.args[0]!r} is not in the tokenizer's vocabulary of {self.vocab_size}"
             ) from None
 
@@ -115,7 +117,7 @@ class LabelTokenizer:
 
     def __init__(self, labels: list[str]) -> None:
         if not labels or len(set(labels)) != len(labels):
-            raise ValueError("LabelTokenizer needs distinct class names")
+            raise UserError("LabelTokenizer needs distinct class names")
         self.labels = labels
         self.index = {name: i for i, name in enumerate(labels)}
 
@@ -125,7 +127,7 @@ class LabelTokenizer:
 
     def encode(self, text: str) -> list[int]:
         if text not in self.index:
-            raise ValueError(f"unknown class {text!r}; the classes are {self.labels}")
+            raise UserError(f"unknown class {text!r}; the classes are {self.labels}")
         return [self.index[text]]
 
     def decode(self, ids: list[int]) -> str:
@@ -147,7 +149,7 @@ class MarianTokenizer:
         try:
             import sentencepiece as spm
         except ImportError as err:
-            raise ValueError(
+            raise UserError(
                 "Marian's tokenizer needs sentencepiece: pip install sentencepiece"
             ) from err
         self.source_model, self.target_model, self.vocab = source, target, vocab
@@ -157,7 +159,7 @@ class MarianTokenizer:
         try:
             self.eos_id, self.unk_id, self.pad_id = vocab["</s>"], vocab["<unk>"], vocab["<pad>"]
         except KeyError as err:
-            raise ValueError(f"Marian's vocabulary has no {err.args[0]} token") from err
+            raise UserError(f"Marian's vocabulary has no {err.args[0]} token") from err
         self.bos_id = self.pad_id  # the decoder's start token
         self.specials = {self.eos_id, self.unk_id, self.pad_id}
 
@@ -182,18 +184,23 @@ class MarianTokenizer:
     def save(self, path: str | Path) -> None:
         import base64
 
-        Path(path).write_text(json.dumps({
-            "kind": "marian", "vocab": self.vocab,
-            "source": base64.b64encode(self.source_model).decode(),
-            "target": base64.b64encode(self.target_model).decode(),
-        }))  # fmt: skip
+        Path(path).write_text(
+            json.dumps(
+                {
+                    "kind": "marian",
+                    "vocab": self.vocab,
+                    "source": base64.b64encode(self.source_model).decode(),
+                    "target": base64.b64encode(self.target_model).decode(),
+                }
+            )
+        )
 
 
 Tokenizer = CharTokenizer | BPETokenizer | LabelTokenizer | MarianTokenizer
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a tokenizer saved by :meth:`CharTokenizer.save` or :meth:`BPETokenizer.save`."""
+    """Load a tokenizer saved by ``CharTokenizer.save`` or ``BPETokenizer.save``."""
     try:
         data = json.loads(Path(path).read_text())
         if data["kind"] == "char":
@@ -212,8 +219,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         if data["kind"] == "marian":
             import base64
 
-            return MarianTokenizer(base64.b64decode(data["source"]), base64.b64decode(data["target"]),
-                                   {str(k): int(v) for k, v in data["vocab"].items()})  # fmt: skip
+            return MarianTokenizer(
+                base64.b64decode(data["source"]),
+                base64.b64decode(data["target"]),
+                {str(k): int(v) for k, v in data["vocab"].items()},
+            )
     except Exception as err:  # any failure to read or parse the file
-        raise ValueError(f"cannot load tokenizer {path}: {err}") from err
-    raise ValueError(f"cannot load tokenizer {path}: unknown kind {data.get('kind')!r}")
+        raise UserError(f"cannot load tokenizer {path}: {err}") from err
+    raise UserError(f"cannot load tokenizer {path}: unknown kind {data.get('kind')!r}")

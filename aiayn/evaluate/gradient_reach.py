@@ -5,7 +5,7 @@ step; the gradient of a late prediction with respect to an early input goes back
 every step between them and, the seeds say, shrinks like 0.9^k.  Attention reaches any
 earlier position in one step.
 
-:func:`gradient_by_distance` measures it on a trained encoder-decoder (the Transformer or an
+``gradient_by_distance`` measures it on a trained encoder-decoder (the Transformer or an
 RNN baseline of aiayn/models/rnn.py): for each sentence, the cross entropy of the prediction
 at its last target position t, differentiated with respect to the decoder's input vectors;
 the norm of that gradient at position t - k, averaged over the sentences long enough to
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.errors import UserError
 from aiayn.models import EncoderDecoder
 
 
@@ -31,7 +32,7 @@ def _decoder_input_module(model: EncoderDecoder) -> nn.Module:
     the encoder's lookup comes first, and may be the same module when embeddings are tied)."""
     module = getattr(model, "tgt_embed", None) or getattr(model, "tgt_token", None)
     if not isinstance(module, nn.Module):
-        raise ValueError(f"{type(model).__name__} has no target embedding to measure from")
+        raise UserError(f"{type(model).__name__} has no target embedding to measure from")
     return module
 
 

@@ -3,7 +3,7 @@
 lm-eval asks a model three things: the log-likelihood of a continuation after a context
 (multiple-choice tasks), the log-likelihood of a whole document in windows of the context
 (perplexity tasks), and a greedy generation until a stop string (``generate_until``).
-:class:`AiaynLM` answers them with the model itself, no server: lm-eval's ``TemplateLM``
+``AiaynLM`` answers them with the model itself, no server: lm-eval's ``TemplateLM``
 splits each context and continuation into tokens as it does for its ``hf`` model and for
 ``local-completions``, and the scores are those of ``aiayn serve`` (docs/lm-eval.md).
 
@@ -23,6 +23,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.errors import UserError
 from aiayn.generate import SamplingConfig, generate
 from aiayn.models import DecoderLM
 
@@ -41,7 +42,7 @@ def _end_id(tokenizer: Tokenizer) -> int | None:
 
 @register_model("aiayn")
 class AiaynLM(TemplateLM):
-    """An aiayn :class:`~aiayn.models.DecoderLM` and its tokenizer, scored by lm-eval.
+    """An aiayn ``DecoderLM`` and its tokenizer, scored by lm-eval.
     ``max_length`` is the longest window read at once (default: the model's ``max_len``)."""
 
     def __init__(
@@ -64,7 +65,7 @@ class AiaynLM(TemplateLM):
 
         bundle = load(checkpoint)
         if not isinstance(bundle.model, DecoderLM):
-            raise ValueError(
+            raise UserError(
                 f"{checkpoint} holds a {type(bundle.model).__name__}: lm-eval scores language"
                 " models (decoder-only)"
             )
@@ -77,7 +78,7 @@ class AiaynLM(TemplateLM):
     @property
     def eot_token_id(self) -> int:
         if self._eot is None:
-            raise ValueError("this tokenizer has no end-of-text token for an empty context")
+            raise UserError("this tokenizer has no end-of-text token for an empty context")
         return self._eot
 
     def tok_encode(
@@ -152,7 +153,7 @@ def _cut(text: str, until: Sequence[str]) -> str:
 
 def _task_manager(include_path: str | None, tasks: list[str]) -> Any:
     """lm-eval's task index: only ``include_path``'s tasks when they are all there (indexing
-    lm-eval's thousands of built-in tasks takes about 9 s), else those and the built-in ones."""
+    lm-eval's thousands of built-in tasks takes seconds), else those and the built-in ones."""
     from lm_eval.tasks import TaskManager
 
     if include_path is not None:
@@ -173,5 +174,5 @@ def evaluate_tasks(
         model=model, tasks=tasks, task_manager=manager, limit=limit, log_samples=True
     )
     if results is None:
-        raise ValueError(f"lm-eval gave no results for {tasks}")
+        raise UserError(f"lm-eval gave no results for {tasks}")
     return results

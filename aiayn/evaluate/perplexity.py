@@ -1,8 +1,8 @@
 """How well a model predicts held-out text: cross entropy in nats per token, and perplexity.
 
-* :func:`evaluate_lm` -- a language model on fixed random windows of a token stream's
+* ``evaluate_lm`` -- a language model on fixed random windows of a token stream's
   validation split (perplexity, and bits per character for a character model).
-* :func:`translation_loss` -- a translation model's cross entropy of the reference targets,
+* ``translation_loss`` -- a translation model's cross entropy of the reference targets,
   without label smoothing, over token-count batches of a validation set.
 
 Both are what training reports as validation loss, and what ``aiayn evaluate`` prints.
@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import torch
 
 from aiayn.data.lm_data import TokenStream
+from aiayn.errors import UserError
 from aiayn.models import DecoderLM, EncoderDecoder
 from aiayn.nn.context import Record
 
@@ -39,7 +40,7 @@ def evaluate_lm(
 ) -> float:
     """Mean validation loss (nats per token) over fixed random windows."""
     if batches < 1:
-        raise ValueError(f"batches={batches}: evaluate at least 1 batch")
+        raise UserError(f"batches={batches}: evaluate at least 1 batch")
     g = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     was = model.training

@@ -14,6 +14,7 @@ import sacrebleu
 import torch
 
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
+from aiayn.errors import UserError
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig
 from aiayn.generate.translate import translate
 from aiayn.models import EncoderDecoder
@@ -32,7 +33,7 @@ class Scores:
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        raise UserError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     bleu = sacrebleu.metrics.BLEU()
     result = bleu.corpus_score(list(hypotheses), [list(references)])
     chrf = sacrebleu.metrics.CHRF().corpus_score(list(hypotheses), [list(references)])

@@ -1,10 +1,10 @@
 """Experiments: sweeps of variants over a base run config (``aiayn experiment SWEEP.toml``).
 
-* :mod:`~aiayn.experiment.spec` -- the sweep file: a base config, the work every variant
+* ``spec`` -- the sweep file: a base config, the work every variant
   gets, and the variants.
-* :mod:`~aiayn.experiment.run` -- each variant a resumable run, scored by perplexity and
+* ``run`` -- each variant a resumable run, scored by perplexity and
   sacreBLEU, with its FLOPs and time.
-* :mod:`~aiayn.experiment.report` -- JSON, CSV, a markdown table in Table 3's layout, a plot.
+* ``report`` -- JSON, CSV, a markdown table in Table 3's layout, a plot.
 """
 
 from aiayn.experiment.report import markdown_table, write_report

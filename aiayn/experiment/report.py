@@ -45,16 +45,50 @@ OTHER = {  # setting -> how a non-default value reads in the "other" column
     "attention_every": lambda v: "" if v is None else f"softmax every {v} layers",
 }
 # What a result written before a setting existed ran with.
-MISSING: dict[str, Any] = {"mixer": "attention", "attention_every": None, "rnn": None,
-                           "rnn_attention": None}  # fmt: skip
+MISSING: dict[str, Any] = {
+    "mixer": "attention",
+    "attention_every": None,
+    "rnn": None,
+    "rnn_attention": None,
+}
 CSV_FIELDS = [
-    "name", "row", "note", "n_layers", "d_model", "d_ff", "n_heads", "d_head", "dropout",
-    "label_smoothing", "positional", "norm_position", "attention_score", "attention_scale",
-    "residual", "rnn", "rnn_attention", "mixer", "attention_every", "params", "params_non_embedding", "steps", "max_tokens",
-    "train_target_tokens", "train_tokens", "train_flops", "train_seconds", "matmul_gflops",
-    "val_loss", "val_ppl", "best_val_loss", "val_bleu",
-    "val_chrf", "test_bleu", "test_chrf", "diverged",
-]  # fmt: skip
+    "name",
+    "row",
+    "note",
+    "n_layers",
+    "d_model",
+    "d_ff",
+    "n_heads",
+    "d_head",
+    "dropout",
+    "label_smoothing",
+    "positional",
+    "norm_position",
+    "attention_score",
+    "attention_scale",
+    "residual",
+    "rnn",
+    "rnn_attention",
+    "mixer",
+    "attention_every",
+    "params",
+    "params_non_embedding",
+    "steps",
+    "max_tokens",
+    "train_target_tokens",
+    "train_tokens",
+    "train_flops",
+    "train_seconds",
+    "matmul_gflops",
+    "val_loss",
+    "val_ppl",
+    "best_val_loss",
+    "val_bleu",
+    "val_chrf",
+    "test_bleu",
+    "test_chrf",
+    "diverged",
+]
 
 
 def _value(result: dict[str, Any], key: str) -> Any:
@@ -173,12 +207,14 @@ def plot_scaling(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> Non
         xs = [float(r[key]) for r in done]
         ax.loglog(xs, [r["val_loss"] for r in done], "o", color="#4477aa")
         for r, x in zip(done, xs, strict=True):
-            ax.annotate(r["name"], (x, r["val_loss"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")  # fmt: skip
+            ax.annotate(
+                r["name"], (x, r["val_loss"]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
         a, alpha = fits[key]["a"], fits[key]["alpha"]
         grid = np.geomspace(min(xs), max(xs), 50)
-        ax.loglog(grid, a * grid**-alpha, "--", color="#cc3311",
-                  label=f"fit: {a:.3g} · x^-{alpha:.3f}")  # fmt: skip
+        ax.loglog(
+            grid, a * grid**-alpha, "--", color="#cc3311", label=f"fit: {a:.3g} · x^-{alpha:.3f}"
+        )
         ax.set_xlabel(label)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
@@ -191,7 +227,7 @@ def plot_scaling(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> Non
 
 def plot(path: Path, sweep: Sweep, results: list[dict[str, Any]]) -> None:
     """Validation BLEU and perplexity of every variant, the base's drawn as a line (or, for
-    ``plot = "scaling"``, :func:`plot_scaling`)."""
+    ``plot = "scaling"``, ``plot_scaling``)."""
     if sweep.plot == "scaling":
         plot_scaling(path, sweep, results)
         return

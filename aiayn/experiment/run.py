@@ -17,8 +17,8 @@ Each finished variant is scored by:
 * a translation model: sacreBLEU (and chrF) on the validation set, and on the test set when
   the sweep asks (a language model is scored by its validation loss alone);
 * its training FLOPs, counted over the batches it trained on (aiayn/inspect/calc.py,
-  :func:`~aiayn.inspect.calc.translation_batch_flops`; a language model's batches all have
-  one shape: :func:`~aiayn.inspect.calc.training_flops_per_token`), and its training wall time with the
+  ``translation_batch_flops``; a language model's batches all have
+  one shape: ``training_flops_per_token``), and its training wall time with the
   host's fp32 matmul rate measured beside it -- the time depends on the host and on what else
   ran; the work does not.
 """
@@ -40,7 +40,7 @@ from aiayn.data.batching import batch_shapes
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.device import matmul_gflops
-from aiayn.errors import NonFiniteLoss, TrainingInterrupted
+from aiayn.errors import NonFiniteLoss, TrainingInterrupted, UserError
 from aiayn.evaluate.translation import evaluate_translation
 from aiayn.experiment.spec import Sweep, Variant
 from aiayn.generate.beam import BeamConfig
@@ -124,7 +124,7 @@ def _check_same_config(folder: Path, run: RunConfig, name: str) -> None:
                 before.pop(key, None), after.pop(key, None)
         changed = _differences(before, after, defaults[table])
         if changed:
-            raise ValueError(
+            raise UserError(
                 f"variant {name!r}: its run in {folder} was started with other [{table}]"
                 f" settings ({', '.join(changed)}); remove that folder to start it again, or"
                 " rename the variant"
@@ -135,7 +135,7 @@ def training_flops(
     run: RunConfig, model_config: Any, tokenizer: BPETokenizer, root: Path
 ) -> tuple[float, int]:
     """FLOPs of the batches the run trained on, in order, and the target tokens they held
-    (padding excluded) -- the same batches :class:`~aiayn.train.translate.TranslationTask`
+    (padding excluded) -- the same batches ``TranslationTask``
     draws: token-count batches of the training pairs, reshuffled every epoch, ``grad_accum``
     of them per step (a sweep runs in one process)."""
     pairs = encode_pairs(load_pairs(run, root, "train"), tokenizer)
@@ -263,7 +263,7 @@ def run_variant(
     if done.is_file():
         result: dict[str, Any] = json.loads(done.read_text())
         if result.get("overrides") != json.loads(json.dumps(variant.overrides)):
-            raise ValueError(
+            raise UserError(
                 f"variant {variant.name!r} was run with other settings ({result.get('overrides')});"
                 f" remove {folder} to run it again, or rename the variant"
             )
@@ -298,8 +298,13 @@ def run_variant(
     if fit is not None and not fit.complete:
         return None
     if diverged is not None and RunDir(folder).latest() is None:
-        result = {"name": variant.name, "row": variant.row, "note": variant.note,
-                  "overrides": variant.overrides, "diverged": diverged}  # fmt: skip
+        result = {
+            "name": variant.name,
+            "row": variant.row,
+            "note": variant.note,
+            "overrides": variant.overrides,
+            "diverged": diverged,
+        }
     else:
         result = score_variant(sweep, variant, folder, root, diverged=diverged)
     result["matmul_gflops"] = rate

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiayn.errors import ConfigError
 from aiayn.train.config import RunConfig, load_run_config
 
 # Settings that would give a variant other training data or another amount of it.
@@ -48,8 +49,16 @@ FIXED = (
 FIXED_PREFIXES = ("data.",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SWEEP_KEYS = {
-    "title", "base", "steps", "max_tokens", "val_limit", "test", "beam", "set", "plot",
-}  # fmt: skip
+    "title",
+    "base",
+    "steps",
+    "max_tokens",
+    "val_limit",
+    "test",
+    "beam",
+    "set",
+    "plot",
+}
 _VARIANT_KEYS = {"name", "row", "note", "set"}
 
 
@@ -89,7 +98,7 @@ class Sweep:
         for v in self.variants:
             if v.name == name:
                 return v
-        raise ValueError(
+        raise ConfigError(
             f"no variant {name!r} in the sweep; it has {', '.join(v.name for v in self.variants)}"
         )
 
@@ -98,27 +107,27 @@ def _positive(where: str, key: str, value: object, *, zero: bool = False) -> int
     low = 0 if zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         expected = "a non-negative integer" if zero else "a positive integer"
-        raise ValueError(f"{where}: {key} = {value!r} is invalid: expected {expected}")
+        raise ConfigError(f"{where}: {key} = {value!r} is invalid: expected {expected}")
     return value
 
 
 def _boolean(where: str, key: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{where}: {key} = {value!r} is invalid: expected true or false")
+        raise ConfigError(f"{where}: {key} = {value!r} is invalid: expected true or false")
     return value
 
 
 def _overrides(where: str, table: object) -> dict[str, Any]:
     if not isinstance(table, dict):
-        raise ValueError(f'{where}: set must be a table of "section.name" = value')
+        raise ConfigError(f'{where}: set must be a table of "section.name" = value')
     for key in table:
         section, _, name = str(key).partition(".")
         if section not in ("model", "data", "train") or not name:
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: setting {key!r} must look like model.NAME, data.NAME or train.NAME"
             )
         if key in FIXED or key.startswith(FIXED_PREFIXES):
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: {key!r} may not vary: every variant trains on the same data for the"
                 " same steps ([sweep] steps and max_tokens set the work)"
             )
@@ -132,7 +141,7 @@ def load_sweep(path: str | Path) -> Sweep:
     head, tables = _read_tables(p)
     base = (p.parent / str(head["base"])).resolve()
     if not base.is_file():
-        raise ValueError(f"{p}: base config {base} does not exist")
+        raise ConfigError(f"{p}: base config {base} does not exist")
     variants = _variants(p, tables)
     sweep = Sweep(
         title=str(head.get("title", p.stem)),
@@ -150,7 +159,7 @@ def load_sweep(path: str | Path) -> Sweep:
         plot=str(head.get("plot", "bars")),
     )
     if sweep.plot not in ("bars", "scaling"):
-        raise ValueError(f"{p}: plot = {sweep.plot!r} is invalid: expected 'bars' or 'scaling'")
+        raise ConfigError(f"{p}: plot = {sweep.plot!r} is invalid: expected 'bars' or 'scaling'")
     _check_runs(p, sweep)
     return sweep
 
@@ -159,22 +168,22 @@ def _read_tables(p: Path) -> tuple[dict[str, Any], list[Any]]:
     """The ``[sweep]`` table (its keys checked, ``base`` present) and the ``[[variant]]``
     tables of the file ``p``."""
     if not p.is_file():
-        raise ValueError(f"sweep file {p} does not exist")
+        raise ConfigError(f"sweep file {p} does not exist")
     try:
         raw = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"sweep file {p} is not valid TOML: {err}") from err
+        raise ConfigError(f"sweep file {p} is not valid TOML: {err}") from err
     unknown = sorted(set(raw) - {"sweep", "variant"})
     if unknown:
-        raise ValueError(f"{p}: unknown table(s) {unknown}; expected [sweep] and [[variant]]")
+        raise ConfigError(f"{p}: unknown table(s) {unknown}; expected [sweep] and [[variant]]")
     head = raw.get("sweep")
     if not isinstance(head, dict):
-        raise ValueError(f"{p}: the [sweep] table is missing")
+        raise ConfigError(f"{p}: the [sweep] table is missing")
     extra = sorted(set(head) - _SWEEP_KEYS)
     if extra:
-        raise ValueError(f"{p}: unknown [sweep] key(s) {extra}; expected {sorted(_SWEEP_KEYS)}")
+        raise ConfigError(f"{p}: unknown [sweep] key(s) {extra}; expected {sorted(_SWEEP_KEYS)}")
     if "base" not in head:
-        raise ValueError(f"{p}: [sweep] needs base = the run config the variants change")
+        raise ConfigError(f"{p}: [sweep] needs base = the run config the variants change")
     return head, raw.get("variant", [])
 
 
@@ -185,17 +194,17 @@ def _variants(p: Path, tables: list[Any]) -> tuple[Variant, ...]:
     for i, table in enumerate(tables, 1):
         where = f"{p}, variant {i}"
         if not isinstance(table, dict):
-            raise ValueError(f"{where}: expected a [[variant]] table")
+            raise ConfigError(f"{where}: expected a [[variant]] table")
         extra = sorted(set(table) - _VARIANT_KEYS)
         if extra:
-            raise ValueError(f"{where}: unknown key(s) {extra}; expected {sorted(_VARIANT_KEYS)}")
+            raise ConfigError(f"{where}: unknown key(s) {extra}; expected {sorted(_VARIANT_KEYS)}")
         name = str(table.get("name", ""))
         if not _NAME.match(name):
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: name = {name!r} is invalid: expected letters, digits, '-', '_', '.'"
             )
         if name.lower() in seen:  # one folder per name, on case-insensitive file systems too
-            raise ValueError(f"{where}: the name {name!r} is used twice")
+            raise ConfigError(f"{where}: the name {name!r} is used twice")
         seen.add(name.lower())
         variants.append(
             Variant(
@@ -206,7 +215,7 @@ def _variants(p: Path, tables: list[Any]) -> tuple[Variant, ...]:
             )
         )
     if not variants:
-        raise ValueError(f"{p}: no [[variant]] tables: nothing to run")
+        raise ConfigError(f"{p}: no [[variant]] tables: nothing to run")
     return tuple(variants)
 
 
@@ -217,15 +226,17 @@ def _check_runs(p: Path, sweep: Sweep) -> None:
         try:
             sweep.run_config(v)
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{p}, variant {v.name!r}: {err}") from err
+            raise ConfigError(f"{p}, variant {v.name!r}: {err}") from err
         if sweep.run_config(v).train.max_minutes is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"{p}: the base config sets train.max_minutes: a sweep's variants train for"
                 " fixed steps, never a time budget"
             )
         arch = sweep.run_config(v).model.arch
         if arch not in ("encoder-decoder", "decoder"):
-            raise ValueError(f"{p}, variant {v.name!r}: a sweep trains translation or language"
-                             f" models, not arch={arch!r}")  # fmt: skip
+            raise ConfigError(
+                f"{p}, variant {v.name!r}: a sweep trains translation or language"
+                f" models, not arch={arch!r}"
+            )
         if arch == "encoder-decoder" and sweep.max_tokens is None:
-            raise ValueError(f"{p}: [sweep] needs max_tokens for translation variants")
+            raise ConfigError(f"{p}: [sweep] needs max_tokens for translation variants")

@@ -1,7 +1,7 @@
 """What the explorer shows for a real model: attention, the next token, a translation.
 
 Each function takes a loaded model and plain values and returns JSON-ready data.  Attention
-views re-weight the layer's recorded scores (:mod:`aiayn.inspect.scores`): the temperature and
+views re-weight the layer's recorded scores (``aiayn.inspect.scores``): the temperature and
 the causal toggle act on the chosen layer's ``Q K^T / sqrt(d_k)``, they do not re-run the layers
 above it.  Recorded scores are cached per (model, text, target), so moving a slider costs a
 softmax, not a forward pass.
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import BPETokenizer
+from aiayn.errors import RequestError
 from aiayn.explore.registry import Loaded
 from aiayn.generate.sampling import SamplingConfig, next_token_distribution
 from aiayn.inspect.attention_maps import as_trained, encode
@@ -24,11 +25,11 @@ from aiayn.inspect.scores import AttentionScores, recorded_scores, reweight, vie
 from aiayn.models import EncoderDecoder
 
 
-class TooLong(ValueError):
+class TooLong(RequestError):
     """Input longer than the model (or the server) accepts (HTTP 413)."""
 
 
-class NotApplicable(ValueError):
+class NotApplicable(RequestError):
     """A view the chosen model cannot give, e.g. a translation from a language model (HTTP 422)."""
 
 
@@ -36,7 +37,7 @@ def _encode(
     loaded: Loaded, text: str, what: str, *, target: bool = False
 ) -> tuple[list[int], list[str]]:
     if not text.strip():
-        raise ValueError(f"the {what} is empty: type at least one character")
+        raise RequestError(f"the {what} is empty: type at least one character")
     return encode(loaded.tokenizer, text, what, target=target)
 
 
@@ -114,7 +115,7 @@ def record(loaded: Loaded, text: str, target: str | None = None) -> Recorded:
     """Run the model once on ``text`` (and ``target`` for an encoder-decoder) recording scores.
 
     An encoder-decoder given no target reads its own translation of ``text`` (beam search,
-    as :func:`translation`): its decoder and cross-attention views then show what the model
+    as ``translation``): its decoder and cross-attention views then show what the model
     attends to while it translates, never the source sentence read as if it were a target.
     """
     _text_model(loaded)
@@ -182,16 +183,20 @@ def attention_view(
     if stream is None:
         stream = next(iter(rec.streams))
     if stream not in rec.streams:
-        raise ValueError(f"stream {stream!r} is not in this model; it has {', '.join(rec.streams)}")
+        raise RequestError(
+            f"stream {stream!r} is not in this model; it has {', '.join(rec.streams)}"
+        )
     layers = rec.streams[stream]
     if not 0 <= layer < len(layers):
-        raise ValueError(f"layer {layer} is out of range: {stream} has layers 0..{len(layers) - 1}")
+        raise RequestError(
+            f"layer {layer} is out of range: {stream} has layers 0..{len(layers) - 1}"
+        )
     recorded_layer = layers[layer].scores
     assert recorded_layer is not None
     scores = recorded_layer[0]  # (H, T, S)
     n_heads = scores.shape[0]
     if head is not None and not 0 <= head < n_heads:
-        raise ValueError(f"head {head} is out of range: the layer has heads 0..{n_heads - 1}")
+        raise RequestError(f"head {head} is out of range: the layer has heads 0..{n_heads - 1}")
     model_causal = layers[layer].causal
     if stream == "cross":
         if causal:

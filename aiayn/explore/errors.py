@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from aiayn.errors import UserError
 from aiayn.explore import analysis
 from aiayn.explore.registry import PathNotAllowed, UnknownModel
 
@@ -72,6 +73,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def too_long(_: Request, err: analysis.TooLong) -> JSONResponse:
         return error(413, str(err))
 
-    @app.exception_handler(ValueError)
-    async def bad_value(_: Request, err: ValueError) -> JSONResponse:
+    @app.exception_handler(UserError)
+    async def bad_value(_: Request, err: UserError) -> JSONResponse:
         return error(422, str(err))

@@ -32,6 +32,7 @@ from aiayn.checkpoint.run_dir import CHECKPOINTS
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import CharTokenizer, Tokenizer
 from aiayn.device import for_inference
+from aiayn.errors import RequestError
 from aiayn.inspect.attention_maps import untrained_config
 from aiayn.models import TransformerModel, build_model
 
@@ -45,7 +46,7 @@ class UnknownModel(LookupError):
     """A name that is not in the list (HTTP 404)."""
 
 
-class PathNotAllowed(ValueError):
+class PathNotAllowed(RequestError):
     """A model named by something that looks like a file path (HTTP 400)."""
 
 
@@ -137,17 +138,17 @@ class Registry:
 
     def _add(self, entry: Entry) -> None:
         if not NAME.match(entry.name):
-            raise ValueError(
+            raise RequestError(
                 f"model name {entry.name!r} is invalid: use letters, digits and _.:+- (1-64 chars)"
             )
         if entry.name in self.entries:
-            raise ValueError(f"model name {entry.name!r} is given twice")
+            raise RequestError(f"model name {entry.name!r} is given twice")
         self.entries[entry.name] = entry
 
     def add_checkpoint(self, directory: str | Path, name: str | None = None) -> str:
         folder = Path(directory)
         if not is_checkpoint(folder):
-            raise ValueError(
+            raise RequestError(
                 f"{folder} is not a checkpoint folder (expected {CONFIG_FILE} and {TOKENIZER_FILE})"
             )
         name = name or _checkpoint_name(folder.resolve(), folder.resolve().parent)
@@ -161,7 +162,7 @@ class Registry:
         (``shakespeare_char``, ``multi30k_de_en:averaged``)."""
         base = Path(root)
         if not base.is_dir():
-            raise ValueError(f"runs folder {base} does not exist")
+            raise RequestError(f"runs folder {base} does not exist")
         found = sorted(
             {
                 p.parent
@@ -184,7 +185,7 @@ class Registry:
 
         config = untrained_config(preset, len(PRESET_CHARS), overrides)
         if parameter_count(config) > MAX_PRESET_PARAMETERS:
-            raise ValueError(
+            raise RequestError(
                 f"preset {preset!r} has {parameter_count(config):,} parameters, more than the"
                 f" explorer builds ({MAX_PRESET_PARAMETERS:,}); train or shrink it"
             )
@@ -255,5 +256,5 @@ def default_registry(
             reg.add_runs("runs")
         reg.add_preset("gpt2-small")
     if not reg.entries:
-        raise ValueError("no models to explore: give --checkpoint, --runs or --preset")
+        raise RequestError("no models to explore: give --checkpoint, --runs or --preset")
     return reg

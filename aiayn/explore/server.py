@@ -63,7 +63,7 @@ def serve(
     allowed_hosts: Sequence[str] = (),
 ) -> None:
     """Run the explorer until interrupted, answering the ``Host`` names of
-    :func:`aiayn.serve.hosts.allowed_hosts` (the loopback names, and ``allowed_hosts``)."""
+    ``aiayn.serve.hosts.allowed_hosts`` (the loopback names, and ``allowed_hosts``)."""
     import uvicorn
 
     app = create_app(registry, max_chars=max_chars, max_body=max_body)

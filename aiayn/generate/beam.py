@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
 from aiayn.generate.cancel import CancelToken, check
 from aiayn.generate.captured import captured_step, wants_capture
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -53,11 +54,11 @@ class BeamConfig:
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
-            raise ValueError(f"beam_size={self.beam_size} must be >= 1")
+            raise UserError(f"beam_size={self.beam_size} must be >= 1")
         if self.length_penalty < 0:
-            raise ValueError(f"length_penalty={self.length_penalty} must be >= 0")
+            raise UserError(f"length_penalty={self.length_penalty} must be >= 0")
         if self.max_extra < 1:
-            raise ValueError(f"max_extra={self.max_extra} must be >= 1")
+            raise UserError(f"max_extra={self.max_extra} must be >= 1")
 
 
 PAPER_BEAM = BeamConfig()  # §6.1: beam 4, α = 0.6, input length + 50
@@ -198,7 +199,7 @@ class _Steps:
         return logits
 
 
-def _beam_search(
+def _beam_search(  # noqa: PLR0915 (one step rewrites a dozen shared tensors: see below)
     model: EncoderDecoder,
     src: Tensor,
     bos: int,
@@ -211,7 +212,7 @@ def _beam_search(
     """The search itself: each step expands the K live hypotheses of every alive sentence,
     offers the EOS-ended and the length-capped ones as finished, keeps the K best that go on
     and drops the sentences that are done from the batch and the cache.  It stays one function
-    (about 95 lines) because every step reads and rewrites the same dozen tensors (scores,
+    (over ruff's statement limit) because every step reads and rewrites the same dozen tensors (scores,
     histories, the best finished hypothesis, the alive rows); split across functions they
     would travel as a state object through every call without making a step easier to
     follow."""

@@ -2,8 +2,8 @@
 the decoding loop stops at its next step instead of running to its length limit.
 
 The loops of aiayn/generate/ (greedy, beam search, batched embedding) take an optional
-:class:`CancelToken` and call :meth:`CancelToken.check` once per step (or batch); whoever
-holds the token calls :meth:`CancelToken.cancel` from any thread.
+``CancelToken`` and call ``CancelToken.check`` once per step (or batch); whoever
+holds the token calls ``CancelToken.cancel`` from any thread.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ class CancelToken:
         return self._set.is_set()
 
     def check(self) -> None:
-        """Raise :class:`Cancelled` once :meth:`cancel` has been called."""
+        """Raise ``Cancelled`` once ``cancel`` has been called."""
         if self._set.is_set():
             raise Cancelled("the decode was cancelled")
 
 
 def check(token: CancelToken | None) -> None:
-    """:meth:`CancelToken.check` for a loop whose token is optional."""
+    """``CancelToken.check`` for a loop whose token is optional."""
     if token is not None:
         token.check()

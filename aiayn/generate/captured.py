@@ -16,12 +16,12 @@ interpreter back between the pieces):
 The step is compiled once per batch size (every other shape is fixed by the cache's capacity)
 and inductor keeps what it compiled on disk (its FX graph cache, under
 ``$AIAYN_CACHE/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise), so a second
-process with the same shapes loads the step instead of compiling it.  :class:`CapturedStep`
+process with the same shapes loads the step instead of compiling it.  ``CapturedStep``
 reports how long each batch size took to capture.
 
 The prompt (many tokens, a new length each time) runs eagerly into the same static cache; only
 the one-token step is captured.  ``compile="auto"`` captures where it measured faster
-(:func:`wants_capture`); ``"on"`` always, where the model allows; ``"off"`` never.
+(``wants_capture``); ``"on"`` always, where the model allows; ``"off"`` never.
 
 Shapes: B batch, V vocabulary.
 """
@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.data.download import default_cache
+from aiayn.errors import UserError
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.nn.static_cache import StaticCache
 from aiayn.nn.static_cache import supports as static_supports
@@ -47,7 +48,7 @@ COMPILE_CHOICES = ("auto", "on", "off")
 
 def check_compile(setting: str) -> str:
     if setting not in COMPILE_CHOICES:
-        raise ValueError(f"compile={setting!r} is invalid: expected one of auto, on, off")
+        raise UserError(f"compile={setting!r} is invalid: expected one of auto, on, off")
     return setting
 
 
@@ -72,7 +73,7 @@ def wants_capture(model: nn.Module, setting: str, rows: int = 1) -> bool:
 
     ``auto`` captures where ``benchmarks/decoding.py`` measured the captured step faster than
     the eager one (docs/performance.md, "A captured decoding step"): on CUDA, and on a CPU at
-    up to :data:`CAPTURE_ROWS` rows (a prompt, or one sentence's beam), where the time between
+    up to ``CAPTURE_ROWS`` rows (a prompt, or one sentence's beam), where the time between
     operations is a large share of a step.  With more rows the eager step's products run on
     weights packed for oneDNN (aiayn/nn/cpu_kernels.py), which the compiled step does not use,
     and it was slower there.  Models the static cache cannot hold are never captured."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiayn.data.tokenizer import BPETokenizer
+from aiayn.errors import UserError
 from aiayn.generate.lm import stream
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.generate.text import TextStream
@@ -48,12 +49,12 @@ class Chat:
 
     def __post_init__(self) -> None:
         if not self.tokenizer.chat_template:
-            raise ValueError(
+            raise UserError(
                 "this checkpoint has no chat_template in its tokenizer_config.json: it is not"
                 " a chat model (use `aiayn generate` to continue plain text)"
             )
         if not end_ids(self.tokenizer, self.generation):
-            raise ValueError(
+            raise UserError(
                 "this checkpoint names no end token (eos_token_id in generation_config.json or"
                 " eos_token in tokenizer_config.json): a reply would never end"
             )
@@ -68,7 +69,7 @@ class Chat:
         ids = chat_ids(self.tokenizer, [*self.messages, {"role": "user", "content": text}])
         limit = self.model.config.max_len
         if len(ids) >= limit:
-            raise ValueError(
+            raise UserError(
                 f"the conversation is {len(ids)} tokens, and the model reads at most {limit}:"
                 " start a new one (reset)"
             )

@@ -1,11 +1,11 @@
 """What an encoder-only model (BERT) gives back: sentence embeddings and masked-token guesses.
 
-* :func:`sentence_embeddings` -- the last layer's vectors pooled over each text's real tokens
+* ``sentence_embeddings`` -- the last layer's vectors pooled over each text's real tokens
   ([CLS] and [SEP] included) as the checkpoint's own sentence-transformers recipe says
   (aiayn/interop/sentence_transformers.py); by default their mean, scaled to unit length
   ("mean pooling + Normalize", the usual recipe for BERT-family embedding models).  Texts are
   batched, right-padded with the model's pad id and masked.
-* :func:`fill_mask` -- the most likely tokens at each [MASK] of a text, with their
+* ``fill_mask`` -- the most likely tokens at each [MASK] of a text, with their
   probabilities, as HF's fill-mask pipeline reports them.
 
 Shapes: B batch, T tokens, C = d_model, V vocabulary.
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.errors import UserError
 from aiayn.generate.cancel import CancelToken, check
 from aiayn.interop.sentence_transformers import DEFAULT_POOLING, Pooling
 from aiayn.models import EncoderLM
@@ -37,10 +38,10 @@ def _limit(model: EncoderLM, tokenizer: Tokenizer) -> int:
 def _encoded(tokenizer: Tokenizer, text: str, limit: int, truncate: bool, number: int) -> list[int]:
     ids = tokenizer.encode(text)
     if not ids:
-        raise ValueError(f"text {number} is empty: it has no tokens")
+        raise UserError(f"text {number} is empty: it has no tokens")
     if len(ids) > limit:
         if not truncate:
-            raise ValueError(
+            raise UserError(
                 f"text {number} has {len(ids)} tokens; the model reads at most {limit}"
                 " (pass truncate=True / --truncate to keep its beginning)"
             )
@@ -100,7 +101,7 @@ def encode_texts(
     pooling: Pooling = DEFAULT_POOLING,
     truncate: bool = False,
 ) -> list[list[int]]:
-    """The token ids :func:`sentence_embeddings` reads for ``texts``: lower-cased if the
+    """The token ids ``sentence_embeddings`` reads for ``texts``: lower-cased if the
     recipe says so, at most ``pooling.max_tokens`` / the tokenizer's ``model_max_length`` /
     the model's ``max_len`` each (longer: an error naming the text, or cut with ``truncate``)."""
     limit = min(_limit(model, tokenizer), pooling.max_tokens or model.config.max_len)
@@ -122,20 +123,20 @@ def embed_ids(
     [SEP] included, as the tokenizer gives them), pooled as ``pooling`` says.  ``cancel``
     stops the work before its next batch (aiayn/generate/cancel.py)."""
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
+        raise UserError(f"batch_size={batch_size} must be >= 1")
     c = model.config
     pad = c.pad_id if c.pad_id is not None else 0
     device = model.embed.token.weight.device
     limit = min(c.max_len, pooling.max_tokens or c.max_len)
     for number, row in enumerate(rows, 1):
         if not row:
-            raise ValueError(f"input {number} is empty: it has no tokens")
+            raise UserError(f"input {number} is empty: it has no tokens")
         if len(row) > limit:
-            raise ValueError(
+            raise UserError(
                 f"input {number} has {len(row)} tokens; the model reads at most {limit}"
             )
         if not all(0 <= i < c.vocab_size for i in row):
-            raise ValueError(f"input {number} has a token id outside 0 to {c.vocab_size - 1}")
+            raise UserError(f"input {number} has a token id outside 0 to {c.vocab_size - 1}")
     out = []
     for start in range(0, len(rows), batch_size):
         check(cancel)
@@ -167,7 +168,7 @@ def mask_id(tokenizer: Tokenizer) -> int:
             found = tokenizer.tok.token_to_id(name)
             if found is not None:
                 return int(found)
-    raise ValueError(f"the tokenizer has no mask token (one of {', '.join(MASK_TOKENS)})")
+    raise UserError(f"the tokenizer has no mask token (one of {', '.join(MASK_TOKENS)})")
 
 
 @torch.no_grad()
@@ -176,12 +177,12 @@ def fill_mask(
 ) -> list[list[Guess]]:
     """For each mask token in ``text``, the ``top_k`` likeliest tokens (most likely first)."""
     if top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1")
+        raise UserError(f"top_k={top_k} must be >= 1")
     mask = mask_id(tokenizer)
     ids = _encoded(tokenizer, text, _limit(model, tokenizer), False, 1)
     where = [i for i, t in enumerate(ids) if t == mask]
     if not where:
-        raise ValueError(
+        raise UserError(
             f"the text has no mask token: write {MASK_TOKENS[0]} where a word is missing"
         )
     device = model.embed.token.weight.device

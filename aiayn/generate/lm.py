@@ -24,7 +24,8 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor
 
-from aiayn.generate.captured import captured_step, wants_capture
+from aiayn.errors import UserError
+from aiayn.generate.captured import CapturedStep, captured_step, wants_capture
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
 from aiayn.nn.cache import Cache
@@ -40,7 +41,7 @@ def _eos_ids(eos_id: int | Sequence[int] | None) -> tuple[int, ...]:
         return ()
     eos = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
     if not all(isinstance(e, int) and e >= 0 for e in eos):
-        raise ValueError(f"eos_id={eos_id!r} should be a token id or a list of token ids")
+        raise UserError(f"eos_id={eos_id!r} should be a token id or a list of token ids")
     return eos
 
 
@@ -48,19 +49,17 @@ def _prepare(
     prompts: Sequence[Sequence[int]], max_new_tokens: int, max_len: int, truncate: bool
 ) -> list[list[int]]:
     if not prompts:
-        raise ValueError("generate() needs at least one prompt")
+        raise UserError("generate() needs at least one prompt")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        raise UserError(f"max_new_tokens={max_new_tokens} must be >= 1")
     out = []
     for i, prompt in enumerate(prompts):
         prompt = list(prompt)
         if not prompt:
-            raise ValueError(
-                f"prompt {i} is empty: give at least one token (e.g. a BOS or newline)"
-            )
+            raise UserError(f"prompt {i} is empty: give at least one token (e.g. a BOS or newline)")
         if len(prompt) > max_len:
             if not truncate:
-                raise ValueError(
+                raise UserError(
                     f"prompt {i} has {len(prompt)} tokens; the model's max_len={max_len}"
                     f" allows at most {max_len}"
                     " (pass truncate=True to keep only the last tokens)"
@@ -117,6 +116,44 @@ class _Contexts:
 
 
 @torch.no_grad()
+def _seen(ids: Tensor, real: Tensor, vocab_size: int) -> Tensor:
+    """(B, V): which tokens each row's prompt holds, for the repetition penalty."""
+    seen = torch.zeros(ids.shape[0], vocab_size, dtype=torch.bool, device=ids.device)
+    return seen.scatter_(1, ids, real)
+
+
+def _new_cache(
+    model: DecoderLM, b: int, p: int, max_new_tokens: int, captured: bool
+) -> Cache | StaticCache:
+    """The cache for ``b`` rows of ``p`` prompt tokens and ``max_new_tokens`` more: static
+    (its capacity a power-of-two bucket, so that captured steps are shared) when captured."""
+    max_len = model.config.max_len
+    if not captured:
+        return model.new_cache(b, min(p + max_new_tokens, max_len))
+    static = model.new_static_cache(b, capacity_for(p + max_new_tokens, max_len))
+    static.reserve(p)
+    return static
+
+
+def _step(
+    model: DecoderLM,
+    nxt: Tensor,
+    cache: Cache | StaticCache,
+    one_step: CapturedStep | None,
+    contexts: _Contexts | None,
+) -> tuple[Tensor, Cache | StaticCache]:
+    """The (B, V) logits after feeding ``nxt`` (B,), and the cache to go on with: the captured
+    step, one eager cached step, or a step of contexts that slide (which may give a new
+    cache)."""
+    if one_step is not None:
+        assert isinstance(cache, StaticCache)
+        return one_step(nxt[:, None], cache), cache
+    if contexts is None:
+        return model(nxt[:, None], cache=cache)[:, -1], cache
+    assert isinstance(cache, Cache)
+    return contexts.feed(nxt, cache)
+
+
 def stream(
     model: DecoderLM,
     prompts: Sequence[Sequence[int]],
@@ -152,19 +189,11 @@ def stream(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    seen = None
-    if sampling.repetition_penalty != 1.0:
-        seen = torch.zeros(b, cfg.vocab_size, dtype=torch.bool, device=device)
-        seen.scatter_(1, ids, real)
+    seen = _seen(ids, real, cfg.vocab_size) if sampling.repetition_penalty != 1.0 else None
     slides = p + max_new_tokens > cfg.max_len  # some row's context may pass max_len
     captured = wants_capture(model, compile, b) and not slides
-    cache: Cache | StaticCache
-    if captured:
-        static = model.new_static_cache(b, capacity_for(p + max_new_tokens, cfg.max_len))
-        static.reserve(p)
-        cache, one_step = static, captured_step(model)
-    else:
-        cache = model.new_cache(b, min(p + max_new_tokens, cfg.max_len))
+    cache = _new_cache(model, b, p, max_new_tokens, captured)
+    one_step = captured_step(model) if captured else None
     was_training = model.training
     model.eval()
     packing = ExitStack()
@@ -175,7 +204,7 @@ def stream(
         plan = packing.enter_context(for_decoding(model, b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        if b == 1 and plan.gemv and not captured:
+        if b == 1 and plan.gemv and one_step is None:
             # The steps' products run in BLAS's own threads (where this host runs one row
             # faster so than by F.linear); other dtypes and hosts stay on torch's threads.
             torch.set_num_threads(1)
@@ -194,14 +223,7 @@ def stream(
                 break
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
-            if captured:
-                assert isinstance(cache, StaticCache)
-                logits = one_step(nxt[:, None], cache)  # (B, V)
-            elif contexts is None:
-                logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V)
-            else:
-                assert isinstance(cache, Cache)
-                logits, cache = contexts.feed(nxt, cache)
+            logits, cache = _step(model, nxt, cache, one_step, contexts)  # (B, V)
     finally:
         torch.set_num_threads(threads)
         packing.close()
@@ -229,7 +251,7 @@ def generate(
     completing it are kept; the caller trims the text), or after ``max_new_tokens``.
     """
     if stop and decode is None:
-        raise ValueError("stop strings need decode= (a function from token ids to text)")
+        raise UserError("stop strings need decode= (a function from token ids to text)")
     eos = set(_eos_ids(eos_id))
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
+
 _FP32_TINY = torch.finfo(torch.float32).tiny
 
 
@@ -33,13 +35,13 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+            raise UserError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
         if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k={self.top_k} must be a positive integer or None")
+            raise UserError(f"top_k={self.top_k} must be a positive integer or None")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1] or None")
+            raise UserError(f"top_p={self.top_p} must be in (0, 1] or None")
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty={self.repetition_penalty} must be > 0")
+            raise UserError(f"repetition_penalty={self.repetition_penalty} must be > 0")
 
     @property
     def greedy(self) -> bool:

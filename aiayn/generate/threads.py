@@ -7,7 +7,7 @@ not shrink with the product.  On a 2-core Xeon Ice Lake both aiayn and CTranslat
 Marian-small sentence at batch 1 (beam 4) faster on one thread than on two.
 
 ``--threads auto`` therefore counts the step's multiply-adds -- rows times the weights of the
-model's linear layers -- and gives a step below :data:`SMALL_STEP` one thread, any other step
+model's linear layers -- and gives a step below ``SMALL_STEP`` one thread, any other step
 every core it may use.  The threshold comes from ``benchmarks/decoding.py``, which decodes a
 small and a GPT-2-small model at batch 1 and 8 on one and on two threads and prints the thread
 count this rule picks beside the faster one (docs/performance.md, "Threads by shape").
@@ -19,6 +19,7 @@ import os
 
 from torch import nn
 
+from aiayn.errors import UserError
 from aiayn.nn.linear import Linear
 from aiayn.nn.quantized import Int8Linear
 
@@ -51,14 +52,14 @@ def decode_threads(
     setting: str | int, model: nn.Module, rows: int, cores: int | None = None
 ) -> int:
     """The thread count for decoding ``rows`` rows per step of ``model``: ``setting`` when it
-    is a number, else (``"auto"``) one thread for a step below :data:`SMALL_STEP`
-    multiply-adds and ``cores`` (default: :func:`available_cores`) for any other."""
+    is a number, else (``"auto"``) one thread for a step below ``SMALL_STEP``
+    multiply-adds and ``cores`` (default: ``available_cores``) for any other."""
     if isinstance(setting, int) or (isinstance(setting, str) and setting.isdigit()):
         threads = int(setting)
         if threads < 1:
-            raise ValueError(f"threads={setting!r} is invalid: expected 'auto' or a count >= 1")
+            raise UserError(f"threads={setting!r} is invalid: expected 'auto' or a count >= 1")
         return threads
     if setting != "auto":
-        raise ValueError(f"threads={setting!r} is invalid: expected 'auto' or a count >= 1")
+        raise UserError(f"threads={setting!r} is invalid: expected 'auto' or a count >= 1")
     cores = available_cores() if cores is None else cores
     return 1 if step_macs(model, rows) < SMALL_STEP else max(1, cores)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
+from aiayn.errors import UserError
 from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
 from aiayn.generate.cancel import CancelToken
 from aiayn.interop.generation_config import NONE, GenerationIds
@@ -34,7 +35,7 @@ def specials(tokenizer: BPETokenizer | MarianTokenizer) -> tuple[int, int, int, 
     for i, name in enumerate(SPECIAL_TOKENS):
         found = tokenizer.tok.id_to_token(i)
         if found != name:
-            raise ValueError(
+            raise UserError(
                 f"the tokenizer's id {i} is {found!r}, where translation expects {name!r}"
                 f" (ids 0-3 = {', '.join(SPECIAL_TOKENS)}, aiayn's BPE layout); this"
                 " checkpoint's tokenizer is not one translate() can drive"
@@ -62,11 +63,11 @@ def translate(
     decoding step (aiayn/generate/captured.py).
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size}: translate at least 1 line per batch")
+        raise UserError(f"batch_size={batch_size}: translate at least 1 line per batch")
     limit = model.config.max_len
     bos, eos, pad_id, never = specials(tokenizer)
     if len(generation.eos) > 1:
-        raise ValueError(
+        raise UserError(
             f"eos_token_id={list(generation.eos)}: translation ends at one end id; this folder"
             " names several"
         )
@@ -86,7 +87,7 @@ def translate(
         )
         if len(ids) > limit:
             if not truncate:
-                raise ValueError(
+                raise UserError(
                     f"line {number} has {len(ids)} tokens; the model supports at most {limit}"
                     " (pass truncate=True / --truncate to keep its beginning)"
                 )

@@ -1,6 +1,6 @@
 """Attention maps of a model on a piece of text, as PNGs with the tokens on the axes.
 
-:func:`attention_maps` runs ``forward_with_weights`` on a trained checkpoint, or on an untrained
+``attention_maps`` runs ``forward_with_weights`` on a trained checkpoint, or on an untrained
 preset (a character vocabulary built from the text itself), and draws
 
 * one head (``layer`` and ``head`` given), one layer's heads (``layer``), or every layer;
@@ -21,6 +21,7 @@ import torch
 
 from aiayn.config import ModelConfig, get_preset, presets
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, MarianTokenizer, Tokenizer
+from aiayn.errors import UserError
 from aiayn.inspect import figures
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 
@@ -51,7 +52,7 @@ def encode(
     else:
         ids = tokenizer.encode(text)
     if not ids:
-        raise ValueError(f"the {what} is empty after tokenizing: give at least one token")
+        raise UserError(f"the {what} is empty after tokenizing: give at least one token")
     return ids, token_labels(tokenizer, text, ids)
 
 
@@ -81,19 +82,19 @@ def _load(
     name = str(checkpoint_or_preset)
     if Path(name).is_dir():
         if overrides:
-            raise ValueError("overrides apply to a preset, not to a trained checkpoint")
+            raise UserError("overrides apply to a preset, not to a trained checkpoint")
         from aiayn.checkpoint import load  # aiayn's, a run's, or an HF folder
 
         bundle = load(name)
         return bundle.model, bundle.tokenizer
     if name not in presets():
-        raise ValueError(
+        raise UserError(
             f"{name!r} is neither a checkpoint folder nor a preset; presets: {', '.join(presets())}"
         )
     tokenizer = CharTokenizer.from_text(text)
     config = untrained_config(name, tokenizer.vocab_size, overrides)
     if parameter_count(config) > MAX_PRESET_PARAMETERS:
-        raise ValueError(
+        raise UserError(
             f"preset {name!r} has {parameter_count(config):,} parameters, too many to build"
             " here; shrink it with overrides such as n_layers=2 d_model=256"
         )
@@ -117,9 +118,7 @@ def token_labels(tokenizer: Tokenizer, text: str, ids: list[int]) -> list[str]:
 
 def _check_index(what: str, value: int | None, n: int, where: str) -> None:
     if value is not None and not 0 <= value < n:
-        raise ValueError(
-            f"{what} {value} is out of range: the {where} has {n} {what}s (0..{n - 1})"
-        )
+        raise UserError(f"{what} {value} is out of range: the {where} has {n} {what}s (0..{n - 1})")
 
 
 # (stream name, per-layer weights (1, H, T_rows, T_cols), row labels, column labels)
@@ -148,25 +147,27 @@ def attention_maps(
     Returns {"encoder" | "decoder" | "cross" | "self": path} of the PNGs written to ``out_dir``.
     """
     if not text:
-        raise ValueError("the text is empty: give at least one token")
+        raise UserError("the text is empty: give at least one token")
     if head is not None and layer is None:
-        raise ValueError(f"head {head} needs a layer too (pass layer=...)")
+        raise UserError(f"head {head} needs a layer too (pass layer=...)")
     target = text if target_text is None else target_text
     model, tokenizer = _load(checkpoint_or_preset, text + target, overrides)
     model.eval()
     streams = [s for s in _streams(model, tokenizer, text, target) if s[1]]
     if not streams:  # an RNN baseline has cross-attention at most
-        raise ValueError(f"{type(model).__name__} records no attention weights to draw")
+        raise UserError(f"{type(model).__name__} records no attention weights to draw")
     for name, ws, _, _ in streams:
         _check_index("layer", layer, len(ws), f"{name} attention")
         _check_index("head", head, ws[0].shape[1], f"{name} attention")
-    return {name: _draw(name, ws, rows, cols, Path(out_dir), layer, head)
-            for name, ws, rows, cols in streams}  # fmt: skip
+    return {
+        name: _draw(name, ws, rows, cols, Path(out_dir), layer, head)
+        for name, ws, rows, cols in streams
+    }
 
 
 def _check_length(what: str, ids: list[int], max_len: int) -> None:
     if len(ids) > max_len:
-        raise ValueError(
+        raise UserError(
             f"the {what} is {len(ids)} tokens long, longer than the model's max_len={max_len}"
         )
 

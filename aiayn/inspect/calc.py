@@ -1,10 +1,10 @@
 """What a model costs, worked out from its config alone: parameters, FLOPs, memory.
 
-Every function here is arithmetic over a :class:`~aiayn.config.ModelConfig` -- no model is
+Every function here is arithmetic over a ``ModelConfig`` -- no model is
 built, so a 70B config answers instantly.  The parameter count mirrors the modules exactly
 (tests/inspect/test_calc.py checks it against ``build_model(config).num_parameters()`` for
 every preset and a grid of variants), and the KV-cache size is checked against the bytes a real
-:class:`~aiayn.nn.cache.Cache` allocates.
+``Cache`` allocates.
 
 Conventions:
 
@@ -29,6 +29,7 @@ from typing import Any
 
 from aiayn.checkpoint import CONFIG_FILE, read_config
 from aiayn.config import ModelConfig, get_preset, presets
+from aiayn.errors import UserError
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -45,19 +46,19 @@ DTYPE_BYTES: dict[str, int] = {
 def dtype_size(dtype: str | int) -> int:
     """Bytes per element of a dtype name (``"bf16"``, ``"float32"``, ...) or a byte count."""
     if isinstance(dtype, bool) or not isinstance(dtype, str | int):
-        raise ValueError(f"dtype {dtype!r} is invalid: expected a name or a byte count")
+        raise UserError(f"dtype {dtype!r} is invalid: expected a name or a byte count")
     if isinstance(dtype, int):
         if dtype < 1:
-            raise ValueError(f"dtype_bytes={dtype} is invalid: expected a positive byte count")
+            raise UserError(f"dtype_bytes={dtype} is invalid: expected a positive byte count")
         return dtype
     if dtype.lower() not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+        raise UserError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype.lower()]
 
 
 def _positive(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is invalid: expected a positive integer")
+        raise UserError(f"{name}={value!r} is invalid: expected a positive integer")
     return value
 
 
@@ -91,13 +92,13 @@ class ParameterBreakdown:
 
 def _transformer(c: ModelConfig) -> ModelConfig:
     if c.rnn.cell is not None:
-        raise ValueError(
+        raise UserError(
             f"rnn.cell={c.rnn.cell!r}: this calculation covers the Transformer; for the"
             " recurrent baselines use build_model(config).num_parameters() and"
             " translation_batch_flops"
         )
     if c.vision.image_size is not None:
-        raise ValueError(
+        raise UserError(
             f"vision.image_size={c.vision.image_size}: this calculation covers text models;"
             " for the Vision Transformer use build_model(config).num_parameters()"
         )
@@ -207,7 +208,7 @@ def _attention_sublayers(c: ModelConfig) -> int:
 
 
 def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
-    """Parameters by kind, computed from the config (see :class:`ParameterBreakdown`)."""
+    """Parameters by kind, computed from the config (see ``ParameterBreakdown``)."""
     c = _transformer(config)
     d, v = c.d_model, c.vocab_size
     blocks, cross = _stacks(c)
@@ -301,7 +302,7 @@ def _attention_span_sum(config: ModelConfig, context: int) -> int:
 def training_flops_per_token(config: ModelConfig, context: int) -> int:
     """Forward + backward FLOPs per token: ``6·N_matmul + 12·L·T·d_attn`` (PaLM, appendix B).
 
-    N_matmul is :func:`matmul_parameters`; d_attn = n_heads · d_head; the attention term sums
+    N_matmul is ``matmul_parameters``; d_attn = n_heads · d_head; the attention term sums
     over the L attention sublayers the keys T each query sees: the context, or the sliding
     window when it is shorter (decoder self-attention).  Causal masking is not discounted.
 
@@ -328,10 +329,10 @@ def translation_batch_flops(config: ModelConfig, sentences: int, source: int, ta
     6 × the matrix weights it meets (encoder layers and the cross-attention keys and values on
     the source; the rest of the decoder layers and the output projection on the target), plus the attention pairs -- encoder S², decoder T²
     (unmasked, as the kernels compute it) and cross T·S -- at 12 (dot) or 15 (additive) per
-    pair and head dimension, as :func:`training_flops_per_token` counts them."""
+    pair and head dimension, as ``training_flops_per_token`` counts them."""
     c = config
     if c.arch != "encoder-decoder":
-        raise ValueError(f"translation_batch_flops needs arch='encoder-decoder', got {c.arch!r}")
+        raise UserError(f"translation_batch_flops needs arch='encoder-decoder', got {c.arch!r}")
     if c.rnn.cell is not None:
         return _rnn_batch_flops(c, sentences, source, target)
     attention, ffn = _attention_weights(c), _ffn_active_weights(c)
@@ -468,12 +469,12 @@ def decoding_matmul_parameters(config: ModelConfig) -> int:
 
 def decoding_bytes_per_token(config: ModelConfig, context: int, precision: str) -> int:
     """Bytes read to decode one token at batch 1 after ``context`` cached tokens: every
-    decoding weight once (:func:`decoding_matmul_parameters`, plus one fp32 scale per output
+    decoding weight once (``decoding_matmul_parameters``, plus one fp32 scale per output
     row for int8) and every cached key and value (an encoder-decoder's cross-attention keys
     and values of a ``context``-token source too).  At batch 1 decoding is bound by these
     reads, so they bound its speed: tokens/s <= memory bandwidth / bytes."""
     if precision not in DECODING_PRECISIONS:
-        raise ValueError(
+        raise UserError(
             f"precision {precision!r} is invalid: expected one of {', '.join(DECODING_PRECISIONS)}"
         )
     c = config
@@ -492,7 +493,7 @@ def decoding_bytes_per_token(config: ModelConfig, context: int, precision: str) 
 
 @dataclass(frozen=True)
 class CostReport:
-    """Everything :func:`cost_report` works out for one config, context, batch and dtype."""
+    """Everything ``cost_report`` works out for one config, context, batch and dtype."""
 
     name: str
     arch: str
@@ -578,9 +579,11 @@ def cost_report(
         attention_score_bytes=attention_score_bytes(c, context, batch, size),
         decoding_bytes_per_token={
             p: decoding_bytes_per_token(c, context, p) for p in DECODING_PRECISIONS
-        } if c.arch != "encoder" else {},
+        }
+        if c.arch != "encoder"
+        else {},
         notes=tuple(notes),
-    )  # fmt: skip
+    )
 
 
 def _scaled(value: float, step: float, units: list[str]) -> str:
@@ -667,6 +670,6 @@ def resolve_calc_config(
     if path.is_file():
         name = path.parent.name if path.name == CONFIG_FILE else path.stem
         return name, ModelConfig.from_json(path.read_text()).replace(**overrides)
-    raise ValueError(
+    raise UserError(
         f"{spec!r} is neither a preset ({', '.join(presets())}) nor a model config JSON file"
     )

@@ -2,19 +2,19 @@
 
 Every function writes one small PNG (matplotlib, Agg, no display) and returns its path; the
 worked examples (``example_*``) also return the numbers they print.  Every number in them is
-computed by the library -- :func:`aiayn.scaled_dot_product_attention` with the reference
-backend, :func:`aiayn.nn.positions.sinusoidal_table`, :class:`~aiayn.nn.positions.RotaryEmbedding`
+computed by the library -- ``aiayn.scaled_dot_product_attention`` with the reference
+backend, ``aiayn.nn.positions.sinusoidal_table``, ``RotaryEmbedding``
 -- none is typed in.
 
-* :func:`attention_heatmap` -- one (T, S) weight matrix, queries down, keys across.
-* :func:`attention_grid` -- one layer's heads side by side.
-* :func:`all_layers` -- layers x heads (or one head-averaged map per layer).
-* :func:`positional_encoding_image`, :func:`positional_similarity` -- §3.5's sinusoids.
-* :func:`rope_relative_scores` -- RoPE's q·k depends on the offset only.
-* :func:`example_trophy` -- "the trophy did not fit in the suitcase because it was too big".
-* :func:`example_not_good` -- "not good" through causal attention by hand.
-* :func:`example_scale` -- why divide by sqrt(d_k): the unscaled softmax saturates.
-* :func:`example_paths` -- gradients through k recurrent steps vs one attention step.
+* ``attention_heatmap`` -- one (T, S) weight matrix, queries down, keys across.
+* ``attention_grid`` -- one layer's heads side by side.
+* ``all_layers`` -- layers x heads (or one head-averaged map per layer).
+* ``positional_encoding_image``, ``positional_similarity`` -- §3.5's sinusoids.
+* ``rope_relative_scores`` -- RoPE's q·k depends on the offset only.
+* ``example_trophy`` -- "the trophy did not fit in the suitcase because it was too big".
+* ``example_not_good`` -- "not good" through causal attention by hand.
+* ``example_scale`` -- why divide by sqrt(d_k): the unscaled softmax saturates.
+* ``example_paths`` -- gradients through k recurrent steps vs one attention step.
 
 Matplotlib is imported inside the functions, so ``import aiayn`` does not need it.
 """
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
 from aiayn.inspect.teaching import check_sizes, rounded
 from aiayn.inspect.teaching import positional_similarity as pe_similarity
 from aiayn.nn.attention import scaled_dot_product_attention
@@ -76,7 +77,7 @@ def _labels(labels: Sequence[str] | None, n: int) -> list[str]:
     if labels is None:
         return [str(i) for i in range(n)]
     if len(labels) != n:
-        raise ValueError(f"{len(labels)} labels for {n} rows/columns")
+        raise UserError(f"{len(labels)} labels for {n} rows/columns")
     return [clean_label(t) for t in labels]
 
 
@@ -123,7 +124,7 @@ def attention_heatmap(
     """One (T, S) matrix: row i is query i's distribution over the S keys."""
     w = _array(weights)
     if w.ndim != 2:
-        raise ValueError(f"attention_heatmap needs a (T, S) matrix, got shape {w.shape}")
+        raise UserError(f"attention_heatmap needs a (T, S) matrix, got shape {w.shape}")
     t, s = w.shape
     side = min(max(3.0, 0.25 * max(t, s) + 1.5), 10.0)
     fig = _figure(side + 0.8, side)
@@ -180,7 +181,7 @@ def attention_grid(
     """One layer's heads, (H, T, S), one panel per head."""
     w = _array(weights)
     if w.ndim != 3:
-        raise ValueError(f"attention_grid needs (H, T, S) weights, got shape {w.shape}")
+        raise UserError(f"attention_grid needs (H, T, S) weights, got shape {w.shape}")
     h, t, s = w.shape
     return _panel_grid(
         list(w),
@@ -206,7 +207,7 @@ def all_layers(
     layer.  By default heads are averaged when the grid would exceed 64 panels."""
     ws = [_array(w) for w in weights]
     if not ws or any(w.ndim != 3 for w in ws):
-        raise ValueError("all_layers needs a non-empty list of (H, T, S) weights")
+        raise UserError("all_layers needs a non-empty list of (H, T, S) weights")
     n_layers, h = len(ws), ws[0].shape[0]
     t, s = ws[0].shape[1:]
     rows, cols = _labels(row_labels, t), _labels(col_labels, s)

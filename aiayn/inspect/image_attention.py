@@ -20,6 +20,7 @@ import torch
 
 from aiayn.checkpoint import load
 from aiayn.data.images import load_split
+from aiayn.errors import UserError
 from aiayn.models.vision import VisionTransformer
 from aiayn.train.config import DataConfig
 
@@ -29,7 +30,7 @@ def cls_attention(
 ) -> tuple[np.ndarray, int]:
     """(layers, H/P, W/P) weights of [CLS] over the patches, and the predicted class."""
     if model.cls is None:
-        raise ValueError(
+        raise UserError(
             "this model pools by the mean of its patches: it has no [CLS] token to follow"
         )
     model.eval()
@@ -39,7 +40,7 @@ def cls_attention(
     maps = []
     for w in weights:  # (1, H, 1+N, 1+N)
         if head is not None and not 0 <= head < w.shape[1]:
-            raise ValueError(f"head={head} is out of range: the model has {w.shape[1]} heads")
+            raise UserError(f"head={head} is out of range: the model has {w.shape[1]} heads")
         row = w[0, :, 0, 1:] if head is None else w[0, head : head + 1, 0, 1:]  # (H|1, N)
         maps.append(row.mean(0).reshape(grid, grid).numpy())
     return np.stack(maps), int(logits.argmax(-1))
@@ -52,12 +53,12 @@ def image_attention(
     bundle = load(checkpoint)
     model = bundle.model
     if not isinstance(model, VisionTransformer):
-        raise ValueError(f"{checkpoint} holds a {type(model).__name__}, not an image model")
+        raise UserError(f"{checkpoint} holds a {type(model).__name__}, not an image model")
     d = DataConfig(**bundle.run.get("data", {}))
     split = load_split(d.images, test_fraction=d.test_fraction, seed=d.seed)
     images, labels = split.test
     if not 0 <= index < len(labels):
-        raise ValueError(f"--image {index} is out of range: the test set has {len(labels)} images")
+        raise UserError(f"--image {index} is out of range: the test set has {len(labels)} images")
     maps, predicted = cls_attention(model, images[index], head)
     picture = images[index].permute(1, 2, 0).squeeze(-1).numpy()
     n = len(maps)
@@ -82,5 +83,8 @@ def image_attention(
     path = out / f"image_attention_{index}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return path, {"true": split.labels[int(labels[index])], "predicted": split.labels[predicted],
-                  "cls_attention": maps.round(4).tolist()}  # fmt: skip
+    return path, {
+        "true": split.labels[int(labels[index])],
+        "predicted": split.labels[predicted],
+        "cls_attention": maps.round(4).tolist(),
+    }

@@ -5,9 +5,9 @@ of a trained head -- what would it look at with the causal mask lifted, how woul
 attention at another softmax temperature -- we need the scores ``Q K^T / sqrt(d_k)`` of Eq. (1)
 for *every* query-key pair, masked ones included.
 
-:func:`recorded_scores` runs one ordinary forward pass with a :class:`~aiayn.nn.context.Record`
+``recorded_scores`` runs one ordinary forward pass with a ``Record``
 that asks every attention module for its scores (the model's outputs are unchanged: the same
-modules, the reference backend).  :func:`reweight` turns a recorded score matrix into weights
+modules, the reference backend).  ``reweight`` turns a recorded score matrix into weights
 at a chosen temperature, with or without the causal mask.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import UserError
 from aiayn.nn.context import AttentionRecord, Record
 from aiayn.nn.masks import structural_mask
 
@@ -35,7 +36,7 @@ def recorded_scores(model: nn.Module, *inputs: Any, **kwargs: Any) -> list[Atten
     with torch.no_grad():
         run(*inputs, record=record, **kwargs)
     if not record.attention:
-        raise ValueError(f"{type(model).__name__} has no attention modules to record")
+        raise UserError(f"{type(model).__name__} has no attention modules to record")
     return record.attention
 
 
@@ -58,7 +59,7 @@ def reweight(
         not (isinstance(temperature, int | float) and math.isfinite(temperature))
         or temperature <= 0
     ):
-        raise ValueError(f"temperature={temperature!r} is invalid: expected a positive number")
+        raise UserError(f"temperature={temperature!r} is invalid: expected a positive number")
     scaled = scores.float() / temperature
     mask = view_mask(scores.shape[-2], scores.shape[-1], causal, window)
     if mask is not None:

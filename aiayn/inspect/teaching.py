@@ -1,17 +1,17 @@
 """Small, fully readable attention computations for teaching (the explorer's lessons).
 
-Every number comes from the library's own functions -- :func:`scaled_dot_product_attention`,
-:func:`sinusoidal_table` -- so what a reader sees in the browser is what the model computes.
+Every number comes from the library's own functions -- ``scaled_dot_product_attention``,
+``sinusoidal_table`` -- so what a reader sees in the browser is what the model computes.
 
-* :func:`query_walkthrough`: one query on a ten-word sentence whose query/key/value vectors are
+* ``query_walkthrough``: one query on a ten-word sentence whose query/key/value vectors are
   set by hand in four named feature dimensions, step by step: score -> scale by sqrt(d) ->
   softmax -> mix values (Eq. 1).  The pronoun "it" asks for a living noun and finds "cat".
-* :func:`soft_lookup`: attention as a dictionary lookup with partial matches: a query between
+* ``soft_lookup``: attention as a dictionary lookup with partial matches: a query between
   two keys returns a blend of their values, and a longer query sharpens the softmax.
-* :func:`nadaraya_watson`: attention is the kernel smoother of Nadaraya and Watson (1964):
+* ``nadaraya_watson``: attention is the kernel smoother of Nadaraya and Watson (1964):
   Gaussian-kernel regression on noisy samples, computed once by its formula and once as
   dot-product attention with the query and keys below; the bandwidth is the sharpness.
-* :func:`positional_similarity`: PE(p) . PE(q) over all q for one p (§3.5).
+* ``positional_similarity``: PE(p) . PE(q) over all q for one p (§3.5).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aiayn.errors import UserError
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.positions import sinusoidal_table
 
@@ -51,20 +52,20 @@ def rounded(x: torch.Tensor, digits: int = 4) -> Any:
 
 def check_sizes(max_len: int, d_model: int) -> None:
     if max_len < 2 or d_model < 2:
-        raise ValueError(f"need max_len >= 2 and d_model >= 2, got {max_len} and {d_model}")
+        raise UserError(f"need max_len >= 2 and d_model >= 2, got {max_len} and {d_model}")
 
 
 def query_walkthrough(query: int = PRONOUN, *, scale: bool = True) -> dict[str, Any]:
-    """The four steps of Eq. (1) for one query token of :data:`SENTENCE`.
+    """The four steps of Eq. (1) for one query token of ``SENTENCE``.
 
     Returns the tokens, feature names, every key (= value) vector, the query, and each step:
     ``scores`` q.k, ``scaled`` q.k / sqrt(d) (or unscaled when ``scale`` is False),
     ``weights`` softmax of those, and ``output`` the weighted sum of the values -- the last two
-    straight from :func:`scaled_dot_product_attention`.
+    straight from ``scaled_dot_product_attention``.
     """
     n = len(SENTENCE)
     if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < n:
-        raise ValueError(
+        raise UserError(
             f"query={query!r} is out of range: the sentence has {n} tokens (0..{n - 1})"
         )
     keys = torch.tensor([k for _, k, _ in SENTENCE], dtype=torch.float32)  # (T, d)
@@ -102,7 +103,7 @@ def soft_lookup(between: float = 0.5, length: float = 1.0) -> dict[str, Any]:
     """
     for name, value, low, high in (("between", between, 0.0, 1.0), ("length", length, 0.0, 20.0)):
         if not isinstance(value, int | float) or not low <= value <= high:
-            raise ValueError(
+            raise UserError(
                 f"{name}={value!r} is out of range: expected a number in [{low}, {high}]"
             )
     angle = between * math.pi / 2
@@ -159,12 +160,12 @@ def nadaraya_watson(
     sigma: float = 0.3, *, n: int = 40, noise: float = 0.3, seed: int = 0, query: float = 2.0
 ) -> dict[str, Any]:
     """Kernel regression of noisy samples of sin(x) on [0, 2 pi] at bandwidth ``sigma``, by
-    the formula and as attention (:func:`kernel_as_attention`): the curve, the fit's error
+    the formula and as attention (``kernel_as_attention``): the curve, the fit's error
     against sin, the largest difference between the two computations, and the weights one
     query at ``query`` gives the samples.  A small sigma is a sharp softmax (the curve chases
     the noise); a large one a flat softmax (the curve flattens towards the mean)."""
     if not isinstance(sigma, int | float) or not 0.01 <= sigma <= 10.0:
-        raise ValueError(f"sigma={sigma!r} is out of range: expected a number in [0.01, 10]")
+        raise UserError(f"sigma={sigma!r} is out of range: expected a number in [0.01, 10]")
     gen = torch.Generator().manual_seed(seed)
     x_train = torch.sort(torch.rand(n, generator=gen, dtype=torch.float64) * 2 * math.pi).values
     y_train = torch.sin(x_train) + noise * torch.randn(n, generator=gen, dtype=torch.float64)
@@ -195,6 +196,6 @@ def positional_similarity(max_len: int, d_model: int, position: int) -> list[flo
     distance, and has the same shape wherever ``position`` is."""
     check_sizes(max_len, d_model)
     if not 0 <= position < max_len:
-        raise ValueError(f"position {position} is out of range 0..{max_len - 1}")
+        raise UserError(f"position {position} is out of range 0..{max_len - 1}")
     table = sinusoidal_table(max_len, d_model)  # (P, C)
     return rounded(table @ table[position])

@@ -1,4 +1,4 @@
-"""Weight conversion between :class:`~aiayn.models.encoder_decoder.EncoderDecoder` and Hugging
+"""Weight conversion between ``EncoderDecoder`` and Hugging
 Face ``BartForConditionalGeneration`` (BART, Lewis et al., 2019: a denoising encoder-decoder).
 
 BART is the paper's post-LN encoder-decoder with the choices GPT-2 made: GELU feed-forward
@@ -36,8 +36,13 @@ from aiayn.interop.marian import SHARED_COPIES, marian_names, seq2seq_config, se
 from aiayn.models.encoder_decoder import EncoderDecoder
 
 OFFSET = 2  # BartLearnedPositionalEmbedding: position p is row p + 2
-_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "silu": "silu",
-                "swish": "silu"}  # fmt: skip
+_ACTIVATIONS = {
+    "gelu": "gelu",
+    "relu": "relu",
+    "gelu_new": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+}
 _ACTIVATIONS_BACK = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new", "silu": "silu"}
 
 
@@ -50,17 +55,21 @@ def config_from_bart(hf_config: Any) -> ModelConfig:
 
 
 def _bart_config(config: ModelConfig, attn_implementation: str | None, **ids: int) -> Any:
-    """ModelConfig -> ``BartConfig`` (inverse of :func:`config_from_bart`)."""
+    """ModelConfig -> ``BartConfig`` (inverse of ``config_from_bart``)."""
     fields = seq2seq_fields(config, "BART", _ACTIVATIONS_BACK)
     want = "ModelConfig (for BART)"
     _check(want, config, embedding_norm=(True,), norm_eps=(1e-5,), type_vocab_size=(0,))
     pad = config.pad_id if config.pad_id is not None else 1
     eos = ids.get("eos", 2)
     return _transformers().BartConfig(
-        **fields, pad_token_id=pad, bos_token_id=ids.get("bos", 0), eos_token_id=eos,
-        decoder_start_token_id=ids.get("start", eos), forced_eos_token_id=eos,
+        **fields,
+        pad_token_id=pad,
+        bos_token_id=ids.get("bos", 0),
+        eos_token_id=eos,
+        decoder_start_token_id=ids.get("start", eos),
+        forced_eos_token_id=eos,
         attn_implementation=attn_implementation,
-    )  # fmt: skip
+    )
 
 
 def bart_names(config: ModelConfig) -> NameMap:
@@ -93,7 +102,7 @@ def write_bart(config: ModelConfig) -> tuple[Any, NameMap]:
 
 
 def from_hf_bart(hf_model: Any) -> EncoderDecoder:
-    """A ``BartForConditionalGeneration`` as an :class:`EncoderDecoder` with identical
+    """A ``BartForConditionalGeneration`` as an ``EncoderDecoder`` with identical
     weights."""
     config = config_from_bart(hf_model.config)
     return copied_from_hf(EncoderDecoder(config), hf_model, bart_names(config), "BART")

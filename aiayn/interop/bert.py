@@ -1,4 +1,4 @@
-"""Weight conversion between :class:`~aiayn.models.encoder.EncoderLM` and Hugging Face BERT:
+"""Weight conversion between ``EncoderLM`` and Hugging Face BERT:
 ``BertModel`` (encoder and pooler, for sentence embeddings) and ``BertForMaskedLM``
 (encoder and masked-LM head).
 
@@ -28,6 +28,7 @@ from collections.abc import Collection
 from typing import Any
 
 from aiayn.config import ModelConfig
+from aiayn.errors import CheckpointError
 from aiayn.interop.hf import (
     NameMap,
     Reading,
@@ -55,20 +56,37 @@ def config_from_bert(hf_config: Any, *, pooler: bool, mlm_head: bool) -> ModelCo
     c = hf_config
     _check("BertConfig", c, hidden_act=tuple(_ACTIVATIONS), is_decoder=(False,))
     _check("BertConfig", c, add_cross_attention=(False,), position_embedding_type=("absolute",))
-    return ModelConfig.from_dict(dict(
-        arch="encoder", vocab_size=c.vocab_size, n_layers=c.num_hidden_layers,
-        d_model=c.hidden_size, n_heads=c.num_attention_heads, d_ff=c.intermediate_size,
-        max_len=c.max_position_embeddings, positional="learned", norm="layernorm",
-        norm_position="post", norm_eps=c.layer_norm_eps, activation=_ACTIVATIONS[c.hidden_act],
-        bias=True, dropout=c.hidden_dropout_prob, attention_dropout=c.attention_probs_dropout_prob,
-        scale_embeddings=False, tie_embeddings=getattr(c, "tie_word_embeddings", True),
-        pad_id=c.pad_token_id, type_vocab_size=c.type_vocab_size, embedding_norm=True,
-        pooler=pooler, mlm_head=mlm_head, init_std=c.initializer_range,
-    ))  # fmt: skip
+    return ModelConfig.from_dict(
+        dict(
+            arch="encoder",
+            vocab_size=c.vocab_size,
+            n_layers=c.num_hidden_layers,
+            d_model=c.hidden_size,
+            n_heads=c.num_attention_heads,
+            d_ff=c.intermediate_size,
+            max_len=c.max_position_embeddings,
+            positional="learned",
+            norm="layernorm",
+            norm_position="post",
+            norm_eps=c.layer_norm_eps,
+            activation=_ACTIVATIONS[c.hidden_act],
+            bias=True,
+            dropout=c.hidden_dropout_prob,
+            attention_dropout=c.attention_probs_dropout_prob,
+            scale_embeddings=False,
+            tie_embeddings=getattr(c, "tie_word_embeddings", True),
+            pad_id=c.pad_token_id,
+            type_vocab_size=c.type_vocab_size,
+            embedding_norm=True,
+            pooler=pooler,
+            mlm_head=mlm_head,
+            init_std=c.initializer_range,
+        )
+    )
 
 
 def _bert_config(config: ModelConfig, attn_implementation: str | None) -> Any:
-    """ModelConfig -> ``BertConfig`` (inverse of :func:`config_from_bert`)."""
+    """ModelConfig -> ``BertConfig`` (inverse of ``config_from_bert``)."""
     c = config
     want = "ModelConfig (for BERT)"
     _check(want, c, arch=("encoder",), positional=("learned",), norm=("layernorm",))
@@ -78,14 +96,22 @@ def _bert_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     _check(want, c, head_dim=(c.d_model // heads,), attention_score=("dot",))
     _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
     return _transformers().BertConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers,
-        num_attention_heads=c.attention.n_heads, intermediate_size=c.ffn.d_ff,
-        hidden_act=_ACTIVATIONS_BACK[c.ffn.activation], hidden_dropout_prob=c.dropout,
-        attention_probs_dropout_prob=c.attention.dropout, max_position_embeddings=c.max_len,
-        type_vocab_size=max(1, c.type_vocab_size), layer_norm_eps=c.norm_eps,
-        pad_token_id=c.pad_id if c.pad_id is not None else 0, initializer_range=c.init_std,
-        tie_word_embeddings=c.tie_embeddings, attn_implementation=attn_implementation,
-    )  # fmt: skip
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.attention.n_heads,
+        intermediate_size=c.ffn.d_ff,
+        hidden_act=_ACTIVATIONS_BACK[c.ffn.activation],
+        hidden_dropout_prob=c.dropout,
+        attention_probs_dropout_prob=c.attention.dropout,
+        max_position_embeddings=c.max_len,
+        type_vocab_size=max(1, c.type_vocab_size),
+        layer_norm_eps=c.norm_eps,
+        pad_token_id=c.pad_id if c.pad_id is not None else 0,
+        initializer_range=c.init_std,
+        tie_word_embeddings=c.tie_embeddings,
+        attn_implementation=attn_implementation,
+    )
 
 
 def bert_names(config: ModelConfig, prefix: str) -> NameMap:
@@ -101,14 +127,18 @@ def bert_names(config: ModelConfig, prefix: str) -> NameMap:
         names.append(("embed.token_type.weight", (f"{e}token_type_embeddings.weight",), False))
     for i in range(config.n_layers):
         hf = f"{prefix}encoder.layer.{i}."
-        names += weights_and_biases(f"encoder.blocks.{i}.", hf, [
-            ("self_attn.qkv", tuple(f"attention.self.{p}" for p in ("query", "key", "value"))),
-            ("self_attn.out", "attention.output.dense"),
-            ("norm1", "attention.output.LayerNorm"),
-            ("ffn.w1", "intermediate.dense"),
-            ("ffn.w2", "output.dense"),
-            ("norm2", "output.LayerNorm"),
-        ])  # fmt: skip
+        names += weights_and_biases(
+            f"encoder.blocks.{i}.",
+            hf,
+            [
+                ("self_attn.qkv", tuple(f"attention.self.{p}" for p in ("query", "key", "value"))),
+                ("self_attn.out", "attention.output.dense"),
+                ("norm1", "attention.output.LayerNorm"),
+                ("ffn.w1", "intermediate.dense"),
+                ("ffn.w2", "output.dense"),
+                ("norm2", "output.LayerNorm"),
+            ],
+        )
     if config.pooler:
         names += weights_and_biases("", prefix, [("pooler", "pooler.dense")])
     if config.mlm_head:
@@ -156,11 +186,11 @@ def _kind(hf_model: Any) -> tuple[bool, bool, str]:
         return False, True, "bert."
     if name == "BertModel":
         return hf_model.pooler is not None, False, ""
-    raise ValueError(f"{name} cannot be converted: BertModel and BertForMaskedLM can")
+    raise CheckpointError(f"{name} cannot be converted: BertModel and BertForMaskedLM can")
 
 
 def from_hf_bert(hf_model: Any) -> EncoderLM:
-    """A ``BertModel`` or ``BertForMaskedLM`` as an :class:`EncoderLM` with identical weights."""
+    """A ``BertModel`` or ``BertForMaskedLM`` as an ``EncoderLM`` with identical weights."""
     pooler, mlm_head, prefix = _kind(hf_model)
     config = config_from_bert(hf_model.config, pooler=pooler, mlm_head=mlm_head)
     return copied_from_hf(EncoderLM(config), hf_model, bert_names(config, prefix), "BERT")
@@ -174,7 +204,7 @@ def to_hf_bert(model: EncoderLM, *, attn_implementation: str | None = None) -> A
     hf_config = _bert_config(c, attn_implementation)
     if c.mlm_head:
         if c.pooler:
-            raise ValueError(
+            raise CheckpointError(
                 "a BERT with both the pooler and the masked-LM head has no single HF module"
                 " here: save it as a folder (aiayn.interop.hf_folder), or drop one"
             )

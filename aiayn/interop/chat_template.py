@@ -2,7 +2,7 @@
 
 An instruction-tuned checkpoint was trained on conversations laid out one particular way
 (ChatML's ``<|im_start|>user ... <|im_end|>``, Llama's ``[INST]``, ...); its folder carries
-that layout as a Jinja template.  :func:`render_chat` renders it the way transformers'
+that layout as a Jinja template.  ``render_chat`` renders it the way transformers'
 ``apply_chat_template`` does, so the model sees the text it was trained on:
 
 * a sandboxed Jinja environment (templates are code from the internet) with ``trim_blocks``
@@ -13,7 +13,7 @@ that layout as a Jinja template.  :func:`render_chat` renders it the way transfo
   non-ASCII characters and takes ``indent``, and the ``{% generation %}`` block (a marker for
   training masks: rendered as its contents).
 
-:func:`chat_ids` then encodes the rendered text without adding special tokens again: the
+``chat_ids`` then encodes the rendered text without adding special tokens again: the
 template wrote the ones it wants (a BOS, say) itself.
 """
 
@@ -26,9 +26,10 @@ from functools import lru_cache
 from typing import Any
 
 from aiayn.data.tokenizer import BPETokenizer
+from aiayn.errors import CheckpointError, RequestError
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(RequestError):
     """The template refused the conversation (its ``raise_exception``) or is not valid Jinja."""
 
 
@@ -80,10 +81,10 @@ def _compile(template: str) -> Any:
 
 def _check(messages: Sequence[Mapping[str, Any]]) -> None:
     if not messages:
-        raise ValueError("a chat needs at least one message")
+        raise CheckpointError("a chat needs at least one message")
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise ValueError(f"message {i} should be a mapping with a 'role', not {message!r}")
+            raise CheckpointError(f"message {i} should be a mapping with a 'role', not {message!r}")
 
 
 def render_chat(
@@ -128,7 +129,7 @@ def chat_ids(
 ) -> list[int]:
     """The token ids of the rendered conversation, for a tokenizer that has a chat template."""
     if not tokenizer.chat_template:
-        raise ValueError(
+        raise CheckpointError(
             "this checkpoint's tokenizer has no chat_template (tokenizer_config.json):"
             " it is not a chat model; prompt it with plain text instead"
         )

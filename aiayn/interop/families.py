@@ -1,12 +1,12 @@
 """The Hugging Face families aiayn reads and writes: one adapter each, in one table.
 
 Everything that depends on the family -- how a folder's ``config.json`` becomes a
-:class:`~aiayn.config.ModelConfig`, the tensor-name map each way, which stored tensors are
+``ModelConfig``, the tensor-name map each way, which stored tensors are
 copies or computed, which aiayn model it builds, what ``architectures`` a written folder names
--- is looked up here by ``config.json``'s ``model_type`` (:func:`family_of`); nothing else
+-- is looked up here by ``config.json``'s ``model_type`` (``family_of``); nothing else
 branches on the family.  The conversions themselves live in one module per family:
 aiayn/interop/hf.py (GPT-2 and the Llama family: Llama, Mistral, Qwen2, Mixtral), bert.py,
-marian.py and bart.py.  A new family is one such module and one line in :data:`FAMILIES`.
+marian.py and bart.py.  A new family is one such module and one line in ``FAMILIES``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiayn.config import ModelConfig
+from aiayn.errors import CheckpointError
 from aiayn.interop import bart, bert, hf, marian
 from aiayn.interop.hf import NameMap, Reading
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
@@ -66,24 +67,32 @@ FAMILIES: dict[str, Family] = {
         _llama(hf.QWEN2),
         _llama(hf.MIXTRAL),
         Family(
-            "BERT", "bert", EncoderLM, bert.read_bert, bert.write_bert, bert.from_hf_bert,
+            "BERT",
+            "bert",
+            EncoderLM,
+            bert.read_bert,
+            bert.write_bert,
+            bert.from_hf_bert,
             renames=bert.LEGACY_NAMES,
         ),
         Family(
-            "Marian", "marian", EncoderDecoder, marian.read_marian, marian.write_marian,
-            marian.from_hf_marian, fill_unstored=marian.fill_positions,
+            "Marian",
+            "marian",
+            EncoderDecoder,
+            marian.read_marian,
+            marian.write_marian,
+            marian.from_hf_marian,
+            fill_unstored=marian.fill_positions,
         ),
-        Family(
-            "BART", "bart", EncoderDecoder, bart.read_bart, bart.write_bart, bart.from_hf_bart
-        ),
+        Family("BART", "bart", EncoderDecoder, bart.read_bart, bart.write_bart, bart.from_hf_bart),
     )
-}  # fmt: skip
+}
 
 
 def family_of(model_type: object) -> Family:
     """The adapter of ``model_type`` (a folder's ``config.json``, or ``--to-hf``)."""
     if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise ValueError(
+        raise CheckpointError(
             f"model_type={model_type!r} cannot be loaded: supported are {', '.join(FAMILIES)}"
         )
     return FAMILIES[model_type]
@@ -94,7 +103,7 @@ def from_hf(hf_model: Any) -> DecoderLM:
     kind = getattr(hf_model.config, "model_type", None)
     causal = {t: f for t, f in FAMILIES.items() if f.model is DecoderLM}
     if kind not in causal:
-        raise ValueError(
+        raise CheckpointError(
             f"model_type={kind!r} cannot be converted: supported are {', '.join(causal)}"
         )
     model = causal[kind].from_hf(hf_model)

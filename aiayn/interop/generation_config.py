@@ -5,9 +5,9 @@ transformers' ``generate`` reads a model's special ids from ``generation_config.
 than one token (Llama 3's ``<|eot_id|>`` and ``<|end_of_text|>``; Qwen's ``<|im_end|>`` and
 ``<|endoftext|>``), so ``eos_token_id`` may be a list: generation stops at any of them.
 
-:func:`read_generation` reads the folder; the result travels in a checkpoint's run record
+``read_generation`` reads the folder; the result travels in a checkpoint's run record
 (``run["generation"]``), so an aiayn checkpoint converted from the folder keeps it, and
-:func:`generation_of` reads it back from any bundle.
+``generation_of`` reads it back from any bundle.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aiayn.errors import CheckpointError
 from aiayn.interop.json_files import read_json_object
 
 
@@ -44,14 +45,14 @@ def _ids(value: Any, where: str) -> tuple[int, ...]:
         return ()
     values = value if isinstance(value, list) else [value]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise ValueError(f"{where} should be a token id or a list of ids, not {value!r}")
+        raise CheckpointError(f"{where} should be a token id or a list of ids, not {value!r}")
     return tuple(values)
 
 
 def _one(value: Any, where: str) -> int | None:
     ids = _ids(value, where)
     if len(ids) > 1:
-        raise ValueError(f"{where} should be one token id, not {value!r}")
+        raise CheckpointError(f"{where} should be one token id, not {value!r}")
     return ids[0] if ids else None
 
 
@@ -75,7 +76,7 @@ def read_generation(directory: str | os.PathLike[str]) -> GenerationIds:
 
 
 def generation_of(run: Mapping[str, Any]) -> GenerationIds:
-    """The ids a checkpoint's run record carries (:data:`NONE` for a model aiayn trained,
+    """The ids a checkpoint's run record carries (``NONE`` for a model aiayn trained,
     which has no end-of-text token unless its tokenizer defines one)."""
     stored = run.get("generation")
     if not stored:

@@ -1,4 +1,4 @@
-"""Weight conversion between :class:`~aiayn.models.decoder.DecoderLM` and Hugging Face
+"""Weight conversion between ``DecoderLM`` and Hugging Face
 ``transformers`` GPT-2 (``GPT2LMHeadModel``) and the Llama family: Llama
 (``LlamaForCausalLM``), Mistral (the same, with a sliding window), Qwen2 (the same, with
 biases on the q, k and v projections) and Mixtral (Mistral with a mixture of experts: HF's
@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import Activation, ModelConfig
+from aiayn.errors import CheckpointError
 from aiayn.models.decoder import DecoderLM
 
 # (our parameter, HF parameters concatenated along our dim 0, HF stores it transposed)
@@ -104,7 +105,9 @@ def _check(owner: str, obj: Any, **allowed: tuple[object, ...]) -> None:
         is_ours = isinstance(obj, ModelConfig)
         value = obj.value(name) if is_ours else getattr(obj, name, ok[0])
         if value not in ok:
-            raise ValueError(f"{owner} {name}={value!r} cannot be converted: expected one of {ok}")
+            raise CheckpointError(
+                f"{owner} {name}={value!r} cannot be converted: expected one of {ok}"
+            )
 
 
 # ----- configs ------------------------------------------------------------------------------
@@ -116,15 +119,29 @@ def config_from_gpt2(hf_config: Any) -> ModelConfig:
     _check("GPT2Config", c, activation_function=tuple(_GPT2_ACTIVATIONS))
     _check("GPT2Config", c, scale_attn_weights=(True,), add_cross_attention=(False,))
     _check("GPT2Config", c, scale_attn_by_inverse_layer_idx=(False,))
-    return ModelConfig.from_dict(dict(
-        arch="decoder", vocab_size=c.vocab_size, n_layers=c.n_layer, d_model=c.n_embd,
-        n_heads=c.n_head, d_ff=c.n_inner or 4 * c.n_embd, max_len=c.n_positions,
-        positional="learned", norm="layernorm", norm_position="pre", norm_eps=c.layer_norm_epsilon,
-        activation=_GPT2_ACTIVATIONS[c.activation_function], bias=True,
-        dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop, scale_embeddings=False,
-        tie_embeddings=getattr(c, "tie_word_embeddings", True), pad_id=None,
-        init_std=c.initializer_range,
-    ))  # fmt: skip
+    return ModelConfig.from_dict(
+        dict(
+            arch="decoder",
+            vocab_size=c.vocab_size,
+            n_layers=c.n_layer,
+            d_model=c.n_embd,
+            n_heads=c.n_head,
+            d_ff=c.n_inner or 4 * c.n_embd,
+            max_len=c.n_positions,
+            positional="learned",
+            norm="layernorm",
+            norm_position="pre",
+            norm_eps=c.layer_norm_epsilon,
+            activation=_GPT2_ACTIVATIONS[c.activation_function],
+            bias=True,
+            dropout=c.resid_pdrop,
+            attention_dropout=c.attn_pdrop,
+            scale_embeddings=False,
+            tie_embeddings=getattr(c, "tie_word_embeddings", True),
+            pad_id=None,
+            init_std=c.initializer_range,
+        )
+    )
 
 
 def _llama_rope(c: Any) -> tuple[float, float]:
@@ -149,7 +166,7 @@ def _sliding_window(c: Any, variant: LlamaVariant) -> int | None:
         if not getattr(c, "use_sliding_window", False):
             return None
         if getattr(c, "max_window_layers", 0) not in (0,):
-            raise ValueError(
+            raise CheckpointError(
                 f"Qwen2Config max_window_layers={c.max_window_layers} cannot be converted: aiayn"
                 " windows every layer or none (expected 0 with use_sliding_window)"
             )
@@ -176,23 +193,40 @@ def config_from_llama(hf_config: Any, variant: LlamaVariant = LLAMA) -> ModelCon
     window = _sliding_window(c, variant)
     rope_base, rope_scaling = _llama_rope(c)
     head_dim = getattr(c, "head_dim", None)
-    return ModelConfig.from_dict(dict(
-        arch="decoder", vocab_size=c.vocab_size, n_layers=c.num_hidden_layers,
-        d_model=c.hidden_size, n_heads=c.num_attention_heads,
-        n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
-        d_head=None if head_dim in (None, c.hidden_size // c.num_attention_heads) else head_dim,
-        d_ff=c.intermediate_size, max_len=c.max_position_embeddings,
-        positional="rope", rope_base=rope_base, rope_scaling=rope_scaling,
-        norm="rmsnorm", norm_position="pre", norm_eps=c.rms_norm_eps, activation="swiglu",
-        bias=False, dropout=0.0,
-        attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
-        scale_embeddings=False, tie_embeddings=bool(c.tie_word_embeddings), pad_id=None,
-        init_std=c.initializer_range, qkv_bias=qkv_bias, sliding_window=window, **experts,
-    ))  # fmt: skip
+    return ModelConfig.from_dict(
+        dict(
+            arch="decoder",
+            vocab_size=c.vocab_size,
+            n_layers=c.num_hidden_layers,
+            d_model=c.hidden_size,
+            n_heads=c.num_attention_heads,
+            n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
+            d_head=None if head_dim in (None, c.hidden_size // c.num_attention_heads) else head_dim,
+            d_ff=c.intermediate_size,
+            max_len=c.max_position_embeddings,
+            positional="rope",
+            rope_base=rope_base,
+            rope_scaling=rope_scaling,
+            norm="rmsnorm",
+            norm_position="pre",
+            norm_eps=c.rms_norm_eps,
+            activation="swiglu",
+            bias=False,
+            dropout=0.0,
+            attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
+            scale_embeddings=False,
+            tie_embeddings=bool(c.tie_word_embeddings),
+            pad_id=None,
+            init_std=c.initializer_range,
+            qkv_bias=qkv_bias,
+            sliding_window=window,
+            **experts,
+        )
+    )
 
 
 def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
-    """ModelConfig -> ``GPT2Config`` (inverse of :func:`config_from_gpt2`)."""
+    """ModelConfig -> ``GPT2Config`` (inverse of ``config_from_gpt2``)."""
     c = config
     want = "ModelConfig (for GPT-2)"
     _check(want, c, arch=("decoder",), positional=("learned",), norm=("layernorm",))
@@ -203,20 +237,29 @@ def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     # GPT-2's default special token 50256 only exists in its own vocabulary.
     special = {} if c.vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None}
     return _transformers().GPT2Config(
-        vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model, n_layer=c.n_layers,
-        n_head=c.attention.n_heads, n_inner=c.ffn.d_ff,
+        vocab_size=c.vocab_size,
+        n_positions=c.max_len,
+        n_embd=c.d_model,
+        n_layer=c.n_layers,
+        n_head=c.attention.n_heads,
+        n_inner=c.ffn.d_ff,
         activation_function=_GPT2_ACTIVATIONS_BACK[c.ffn.activation],
-        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.attention.dropout,
-        layer_norm_epsilon=c.norm_eps, initializer_range=c.init_std,
-        tie_word_embeddings=c.tie_embeddings, attn_implementation=attn_implementation, **special,
-    )  # fmt: skip
+        resid_pdrop=c.dropout,
+        embd_pdrop=c.dropout,
+        attn_pdrop=c.attention.dropout,
+        layer_norm_epsilon=c.norm_eps,
+        initializer_range=c.init_std,
+        tie_word_embeddings=c.tie_embeddings,
+        attn_implementation=attn_implementation,
+        **special,
+    )
 
 
 def _llama_config(
     config: ModelConfig, attn_implementation: str | None, variant: LlamaVariant = LLAMA
 ) -> Any:
     """ModelConfig -> ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` /
-    ``MixtralConfig`` (inverse of :func:`config_from_llama`).  They have no
+    ``MixtralConfig`` (inverse of ``config_from_llama``).  They have no
     embedding/residual dropout, so ``config.dropout`` (training only) is dropped."""
     c = config
     want = f"ModelConfig (for {variant.name})"
@@ -236,25 +279,40 @@ def _llama_config(
         extra["sliding_window"] = c.attention.sliding_window
     if variant.experts:
         if c.ffn.n_experts is None:
-            raise ValueError(
+            raise CheckpointError(
                 "ModelConfig (for Mixtral) n_experts=None: Mixtral is a mixture of experts"
             )
-        extra.update(num_local_experts=c.ffn.n_experts, num_experts_per_tok=c.ffn.top_k,
-                     router_jitter_noise=0.0)  # fmt: skip
+        extra.update(
+            num_local_experts=c.ffn.n_experts,
+            num_experts_per_tok=c.ffn.top_k,
+            router_jitter_noise=0.0,
+        )
     elif variant.window == "opt-in":
         window = c.attention.sliding_window is not None
-        extra.update(use_sliding_window=window, sliding_window=c.attention.sliding_window,
-                     max_window_layers=0 if window else c.n_layers)  # fmt: skip
+        extra.update(
+            use_sliding_window=window,
+            sliding_window=c.attention.sliding_window,
+            max_window_layers=0 if window else c.n_layers,
+        )
     return getattr(_transformers(), f"{variant.name}Config")(
         **extra,
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.ffn.d_ff,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.attention.n_heads,
-        num_key_value_heads=c.kv_heads, head_dim=c.head_dim, hidden_act="silu",
-        max_position_embeddings=c.max_len, rms_norm_eps=c.norm_eps,
-        rope_theta=p.rope_base, rope_scaling=scaling, attention_dropout=c.attention.dropout,
-        initializer_range=c.init_std, tie_word_embeddings=c.tie_embeddings,
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=c.ffn.d_ff,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.attention.n_heads,
+        num_key_value_heads=c.kv_heads,
+        head_dim=c.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=c.max_len,
+        rms_norm_eps=c.norm_eps,
+        rope_theta=p.rope_base,
+        rope_scaling=scaling,
+        attention_dropout=c.attention.dropout,
+        initializer_range=c.init_std,
+        tie_word_embeddings=c.tie_embeddings,
         attn_implementation=attn_implementation,
-    )  # fmt: skip
+    )
 
 
 # ----- weights ------------------------------------------------------------------------------
@@ -326,12 +384,16 @@ def _llama_names(config: ModelConfig, experts: str = "") -> NameMap:
         for e in range(config.ffn.n_experts):
             mine = f"{ours}ffn.experts.{e}."
             if experts == "fused":  # gate_up_proj[e] is [gate; up] = [W1; W3], our w13
-                names += [(f"{mine}w13.weight", (f"{moe}experts.gate_up_proj[{e}]",), False),
-                          (f"{mine}w2.weight", (f"{moe}experts.down_proj[{e}]",), False)]  # fmt: skip
+                names += [
+                    (f"{mine}w13.weight", (f"{moe}experts.gate_up_proj[{e}]",), False),
+                    (f"{mine}w2.weight", (f"{moe}experts.down_proj[{e}]",), False),
+                ]
             else:
                 x = f"{moe}experts.{e}."
-                names += [(f"{mine}w13.weight", (f"{x}w1.weight", f"{x}w3.weight"), False),
-                          (f"{mine}w2.weight", (f"{x}w2.weight",), False)]  # fmt: skip
+                names += [
+                    (f"{mine}w13.weight", (f"{x}w1.weight", f"{x}w3.weight"), False),
+                    (f"{mine}w2.weight", (f"{x}w2.weight",), False),
+                ]
     if not config.tie_embeddings:
         names.append(("head.weight", ("lm_head.weight",), False))
     return names
@@ -352,7 +414,9 @@ def weights_and_biases(
 
 def _assign(dst: Tensor, src: Tensor, name: str) -> None:
     if dst.shape != src.shape:
-        raise ValueError(f"weight {name}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
+        raise CheckpointError(
+            f"weight {name}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}"
+        )
     dst.copy_(src)
 
 
@@ -387,7 +451,7 @@ def _copy(ours: nn.Module, hf: nn.Module, names: NameMap, *, to_hf: bool, family
         (family, stored, hf_mapped - (set(buffers) - set(stored))),
     ):
         if set(params) != mapped:
-            raise ValueError(
+            raise CheckpointError(
                 f"{family} conversion: {side} weights left unmapped {sorted(set(params) - mapped)},"
                 f" expected but absent {sorted(mapped - set(params))}"
             )
@@ -422,7 +486,7 @@ def experts_layout(names: Iterable[str]) -> str:
 
 
 def from_hf_gpt2(hf_model: Any) -> DecoderLM:
-    """A ``GPT2LMHeadModel`` as a :class:`DecoderLM` with identical weights."""
+    """A ``GPT2LMHeadModel`` as a ``DecoderLM`` with identical weights."""
     config = config_from_gpt2(hf_model.config)
     return copied_from_hf(DecoderLM(config), hf_model, _gpt2_names(config), "GPT-2")
 
@@ -448,7 +512,7 @@ def write_gpt2(config: ModelConfig) -> tuple[Any, NameMap]:
 
 
 def llama_from_hf(hf_model: Any, variant: LlamaVariant) -> DecoderLM:
-    """A ``{variant.name}ForCausalLM`` as a :class:`DecoderLM` with identical weights."""
+    """A ``{variant.name}ForCausalLM`` as a ``DecoderLM`` with identical weights."""
     config = config_from_llama(hf_model.config, variant)
     layout = experts_layout(n for n, _ in hf_model.named_parameters())
     return copied_from_hf(DecoderLM(config), hf_model, _llama_names(config, layout), variant.name)
@@ -477,7 +541,7 @@ def write_llama(config: ModelConfig, variant: LlamaVariant) -> tuple[Any, NameMa
 
 
 def from_hf_llama(hf_model: Any) -> DecoderLM:
-    """A ``LlamaForCausalLM`` as a :class:`DecoderLM` with identical weights."""
+    """A ``LlamaForCausalLM`` as a ``DecoderLM`` with identical weights."""
     return llama_from_hf(hf_model, LLAMA)
 
 

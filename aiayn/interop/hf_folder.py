@@ -21,27 +21,29 @@ the adapter.  A BERT folder loads with what it holds: the pooler if its weights 
 the masked-LM head if its weights are there (bert-base-uncased and its kin hold both, plus a
 next-sentence head, which is left out).
 
-:func:`aiayn.checkpoint.load` reads an HF folder through :func:`load_hf_bundle`.
+``aiayn.checkpoint.load`` reads an HF folder through ``load_hf_bundle``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch import nn
+from torch import Tensor, nn
 
 from aiayn.atomic import inside, write_atomically
 from aiayn.checkpoint.bundle import Bundle, save_bundle
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
+from aiayn.errors import CheckpointError
 from aiayn.interop.families import Family, family_of
 from aiayn.interop.generation_config import read_generation
 from aiayn.interop.hf import NameMap, Reading, _transformers, split_index
@@ -63,18 +65,18 @@ def _weight_files(folder: Path) -> dict[str, Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"corrupt index {index}: {err}") from err
+            raise CheckpointError(f"corrupt index {index}: {err}") from err
         if not isinstance(weight_map, dict):
-            raise ValueError(f"corrupt index {index}: weight_map is not an object")
+            raise CheckpointError(f"corrupt index {index}: weight_map is not an object")
         where = f"{index} (weight_map)"
         files = {name: inside(folder, file, where) for name, file in weight_map.items()}
         missing = sorted({str(p.name) for p in files.values() if not p.is_file()})
         if missing:
-            raise ValueError(f"{index} names shard(s) that are missing: {missing}")
+            raise CheckpointError(f"{index} names shard(s) that are missing: {missing}")
         return files
     single = folder / SINGLE
     if not single.is_file():
-        raise ValueError(f"{folder} holds neither {SINGLE} nor {INDEX}")
+        raise CheckpointError(f"{folder} holds neither {SINGLE} nor {INDEX}")
     with safe_open(str(single), framework="pt") as f:
         return dict.fromkeys(f.keys(), single)
 
@@ -92,7 +94,7 @@ def _plan(folder: Path) -> tuple[Family, Reading, dict[str, Path], dict[str, str
     """(family, what the folder holds in aiayn's terms, HF tensor name -> file, HF name ->
     the name stored in the file where they differ) of an HF folder."""
     if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
+        raise CheckpointError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
     family = family_of(read_json_object(folder / "config.json").get("model_type"))
     hf_config = _transformers().AutoConfig.from_pretrained(str(folder), local_files_only=True)
     files = _weight_files(folder)
@@ -132,7 +134,7 @@ def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
 
 def load_hf_bundle(directory: str | os.PathLike[str]) -> Bundle:
     """Model, tokenizer and generation ids (BOS / PAD / EOS) of a Hugging Face folder, read
-    in place: what :func:`aiayn.checkpoint.load` gives for one."""
+    in place: what ``aiayn.checkpoint.load`` gives for one."""
     folder = Path(directory)
     model = load_hf_folder(folder)
     run = {
@@ -143,8 +145,7 @@ def load_hf_bundle(directory: str | os.PathLike[str]) -> Bundle:
     return Bundle(model, load_hf_tokenizer(folder), run, folder)
 
 
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "F64": torch.float64}  # fmt: skip
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 
 def _header(path: Path) -> tuple[int, dict[str, Any]]:
@@ -152,11 +153,11 @@ def _header(path: Path) -> tuple[int, dict[str, Any]]:
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         if not 0 < size < 100 * 2**20:
-            raise ValueError(f"{path} is not a safetensors file (header size {size})")
+            raise CheckpointError(f"{path} is not a safetensors file (header size {size})")
         try:
             header = json.loads(f.read(size))
         except ValueError as err:
-            raise ValueError(f"corrupt safetensors header in {path}: {err}") from err
+            raise CheckpointError(f"corrupt safetensors header in {path}: {err}") from err
     header.pop("__metadata__", None)
     return 8 + size, header
 
@@ -170,13 +171,13 @@ def _stored_dtype(
     for name, path in files.items():
         meta = headers[path][1].get(name)
         if meta is None:
-            raise ValueError(f"{path.name} does not hold {name}, which its index names")
+            raise CheckpointError(f"{path.name} does not hold {name}, which its index names")
         dtype = _DTYPES.get(meta["dtype"])
         if dtype is not None and not name.endswith(IGNORED_SUFFIXES):
             begin, end = meta["data_offsets"]
             size[dtype] = size.get(dtype, 0) + end - begin
     if not size:
-        raise ValueError(f"no floating-point weights stored (expected one of {list(_DTYPES)})")
+        raise CheckpointError(f"no floating-point weights stored (expected one of {list(_DTYPES)})")
     return max(size, key=lambda d: size[d])
 
 
@@ -213,6 +214,71 @@ def _materialize(model: nn.Module, dtype: torch.dtype) -> None:
             module._parameters[name] = done[id(param)]
 
 
+def _check_coverage(
+    params: Mapping[str, Tensor],
+    names: NameMap,
+    files: dict[str, Path],
+    family: str,
+    computed: Collection[str],
+) -> None:
+    """Raise CheckpointError unless the stored tensors are exactly those ``names`` reads and
+    every parameter of the model is read (or ``computed`` from others)."""
+    wanted = {split_index(h)[0] for _, hs, _ in names for h in hs}
+    stored = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
+    extra, missing = sorted(stored - wanted), sorted(wanted - stored)
+    if extra or missing:
+        raise CheckpointError(
+            f"{family} checkpoint does not match its config: tensors not expected {extra[:8]},"
+            f" tensors missing {missing[:8]}"
+        )
+    unmapped = sorted(set(params) - {o for o, _, _ in names} - set(computed))
+    if unmapped:
+        raise CheckpointError(f"{family} checkpoint leaves aiayn weights unfilled: {unmapped[:8]}")
+
+
+def _sliced(meta: dict[str, Any], index: int | slice | None) -> dict[str, Any]:
+    """The header entry of ``index`` of a fused (E, ...) tensor: expert e, or the rows from
+    ``index.start`` on; the whole tensor's when ``index`` is None."""
+    if index is None:
+        return meta
+    whole, (begin, end) = meta["shape"], meta["data_offsets"]
+    step = (end - begin) // whole[0]
+    if isinstance(index, slice):
+        first = index.start or 0
+        return meta | {
+            "shape": [whole[0] - first, *whole[1:]],
+            "data_offsets": [begin + first * step, end],
+        }
+    return meta | {
+        "shape": whole[1:],
+        "data_offsets": [begin + index * step, begin + (index + 1) * step],
+    }
+
+
+def _read_into(
+    part: Tensor, f: BufferedReader, start: int, meta: dict[str, Any], transposed: bool, where: str
+) -> None:
+    """Read the tensor ``meta`` describes (its data at ``start`` + its offsets in ``f``) into
+    ``part``: straight into its memory when the dtype and layout match, else through one
+    converted copy.  ``where`` names the tensor and file in errors."""
+    begin, end = meta["data_offsets"]
+    dtype = _DTYPES.get(meta["dtype"])
+    f.seek(start + begin)
+    if dtype == part.dtype and not transposed:  # straight into the parameter
+        buf = part.view(-1).view(torch.uint8)
+        view = buf.numpy().data  # the parameter's bytes, written in place by readinto
+        if end - begin != buf.numel() or f.readinto(view) != buf.numel():
+            raise CheckpointError(f"tensor {where}: {end - begin} bytes, truncated?")
+        return
+    if dtype is None:
+        raise CheckpointError(f"tensor {where} has dtype {meta['dtype']}")
+    raw = bytearray(end - begin)
+    if f.readinto(raw) != len(raw):
+        raise CheckpointError(f"tensor {where} is truncated")
+    t = torch.frombuffer(raw, dtype=dtype).view(tuple(meta["shape"]))
+    part.copy_(t.t() if transposed else t)
+
+
 @torch.no_grad()
 def _fill(
     model: TransformerModel,
@@ -223,19 +289,9 @@ def _fill(
     computed: Collection[str] = (),
 ) -> None:
     params = dict(model.named_parameters())  # tied tensors appear once
-    wanted = {split_index(h)[0] for _, hs, _ in names for h in hs}
-    stored = {n for n in files if not n.endswith(IGNORED_SUFFIXES)}
-    extra, missing = sorted(stored - wanted), sorted(wanted - stored)
-    if extra or missing:
-        raise ValueError(
-            f"{family} checkpoint does not match its config: tensors not expected {extra[:8]},"
-            f" tensors missing {missing[:8]}"
-        )
-    unmapped = sorted(set(params) - {o for o, _, _ in names} - set(computed))
-    if unmapped:
-        raise ValueError(f"{family} checkpoint leaves aiayn weights unfilled: {unmapped[:8]}")
-    handles: dict[Path, Any] = {}
-    try:
+    _check_coverage(params, names, files, family, computed)
+    with ExitStack() as handles:
+        opened: dict[Path, BufferedReader] = {}
         for ours, hf_names, transposed in names:
             dst = params[ours]
             offset = 0
@@ -243,54 +299,24 @@ def _fill(
                 base, index = split_index(h)  # expert e of a fused (E, ...) tensor: slice e
                 path = files[base]
                 start, header = headers[path]
-                meta = dict(header[base])
-                if index is not None:
-                    whole, (begin, end) = meta["shape"], meta["data_offsets"]
-                    step = (end - begin) // whole[0]
-                    if isinstance(index, slice):  # rows from index.start on
-                        first = index.start or 0
-                        meta.update(shape=[whole[0] - first, *whole[1:]],
-                                    data_offsets=[begin + first * step, end])  # fmt: skip
-                    else:
-                        meta.update(shape=whole[1:], data_offsets=[begin + index * step,
-                                                                    begin + (index + 1) * step])  # fmt: skip
-                shape = tuple(meta["shape"])
-                if transposed:
-                    shape = shape[::-1]
+                meta = _sliced(dict(header[base]), index)
+                shape = tuple(meta["shape"])[:: -1 if transposed else 1]
                 rows = shape[0] if shape else 1
                 if offset + rows > dst.shape[0] or shape[1:] != tuple(dst.shape[1:]):
-                    raise ValueError(
+                    raise CheckpointError(
                         f"tensor {h}: shape {tuple(meta['shape'])} does not fit {ours}"
                         f" {tuple(dst.shape)} at row {offset}"
                     )
-                if path not in handles:
-                    handles[path] = open(path, "rb")  # noqa: SIM115
-                f = handles[path]
-                begin, end = meta["data_offsets"]
-                dtype = _DTYPES.get(meta["dtype"])
+                if path not in opened:
+                    opened[path] = handles.enter_context(open(path, "rb"))
                 part = dst[offset : offset + rows]
-                f.seek(start + begin)
-                if dtype == dst.dtype and not transposed:  # straight into the parameter
-                    buf = part.view(-1).view(torch.uint8)
-                    if end - begin != buf.numel() or f.readinto(buf.numpy()) != buf.numel():
-                        raise ValueError(f"tensor {h} in {path}: {end - begin} bytes, truncated?")
-                else:  # a stored layout or dtype of its own: one tensor's copy, then converted
-                    if dtype is None:
-                        raise ValueError(f"tensor {h} has dtype {meta['dtype']}")
-                    raw = bytearray(end - begin)
-                    if f.readinto(raw) != len(raw):
-                        raise ValueError(f"tensor {h} in {path} is truncated")
-                    t = torch.frombuffer(raw, dtype=dtype).view(tuple(meta["shape"]))
-                    part.copy_(t.t() if transposed else t)
+                _read_into(part, opened[path], start, meta, transposed, f"{h} in {path}")
                 offset += rows
             if offset != dst.shape[0]:
-                raise ValueError(
+                raise CheckpointError(
                     f"{ours} <- {', '.join(hf_names)}: {offset} rows filled, expected"
                     f" {dst.shape[0]}"
                 )
-    finally:
-        for handle in handles.values():
-            handle.close()
 
 
 def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer | MarianTokenizer:
@@ -314,16 +340,18 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> BPETokenizer | Maria
         try:
             vocab = {str(k): int(v) for k, v in json.loads(marian[2].read_text()).items()}
         except (ValueError, AttributeError) as err:
-            raise ValueError(f"corrupt Marian vocabulary {marian[2]}: {err}") from err
+            raise CheckpointError(f"corrupt Marian vocabulary {marian[2]}: {err}") from err
         return MarianTokenizer(marian[0].read_bytes(), marian[1].read_bytes(), vocab)
     if not path.is_file():
         if (folder / "tokenizer.model").is_file():
             return _from_sentencepiece(folder)
-        raise ValueError(f"{folder} has neither tokenizer.json nor a SentencePiece tokenizer.model")
+        raise CheckpointError(
+            f"{folder} has neither tokenizer.json nor a SentencePiece tokenizer.model"
+        )
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as err:
-        raise ValueError(f"cannot read the tokenizer {path}: {err}") from err
+        raise CheckpointError(f"cannot read the tokenizer {path}: {err}") from err
     settings = read_settings(folder)
     apply_settings(tok, settings)
     return BPETokenizer(
@@ -338,17 +366,17 @@ def _from_sentencepiece(folder: Path) -> BPETokenizer:
     try:
         import sentencepiece  # noqa: F401  (HF's converter needs it)
     except ImportError as err:
-        raise ValueError(
+        raise CheckpointError(
             f"{folder} ships only a SentencePiece tokenizer.model: pip install sentencepiece"
             " protobuf to read it"
         ) from err
     try:
         hf = _transformers().AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as err:
-        raise ValueError(f"cannot convert {folder / 'tokenizer.model'}: {err}") from err
+        raise CheckpointError(f"cannot convert {folder / 'tokenizer.model'}: {err}") from err
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
-        raise ValueError(f"{folder / 'tokenizer.model'}: HF gave no fast tokenizer to keep")
+        raise CheckpointError(f"{folder / 'tokenizer.model'}: HF gave no fast tokenizer to keep")
     _normalize_as_sentencepiece(backend, (folder / "tokenizer.model").read_bytes())
     settings = read_settings(folder)  # transformers applied the rest when it converted
     return BPETokenizer(
@@ -400,7 +428,7 @@ def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[st
     model = load_hf_folder(directory)
     tokenizer = load_hf_tokenizer(directory)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(
+        raise CheckpointError(
             f"the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
             f" vocab_size={model.config.vocab_size}"
         )

@@ -1,4 +1,4 @@
-"""Weight conversion between :class:`~aiayn.models.encoder_decoder.EncoderDecoder` and Hugging
+"""Weight conversion between ``EncoderDecoder`` and Hugging
 Face ``MarianMTModel`` (the OPUS-MT translation models).
 
 Marian is the paper's encoder-decoder almost exactly: post-LN, biases everywhere, three-way
@@ -25,7 +25,7 @@ Name mapping (per layer ``i``; aiayn <- HF under ``model.``):
 
 Not handled: separate source and target vocabularies (``share_encoder_decoder_embeddings =
 False``) and pre-LN variants (``normalize_before``).  The tokenizer (two SentencePiece models
-and a vocabulary) is :class:`aiayn.data.tokenizer.MarianTokenizer`.
+and a vocabulary) is ``aiayn.data.tokenizer.MarianTokenizer``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
+from aiayn.errors import CheckpointError
 from aiayn.interop.hf import (
     NameMap,
     Reading,
@@ -47,8 +48,13 @@ from aiayn.interop.hf import (
 )
 from aiayn.models.encoder_decoder import EncoderDecoder
 
-_ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu",
-                "gelu_new": "gelu_tanh"}  # fmt: skip
+_ACTIVATIONS = {
+    "swish": "silu",
+    "silu": "silu",
+    "gelu": "gelu",
+    "relu": "relu",
+    "gelu_new": "gelu_tanh",
+}
 _ACTIVATIONS_BACK = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
 # What a Marian or BART folder may store besides model.shared: copies of it (tied), skipped.
 SHARED_COPIES = frozenset(
@@ -65,20 +71,35 @@ def seq2seq_config(hf_config: Any, family: str, activation: str, **fields: Any) 
         c.encoder_attention_heads != c.decoder_attention_heads
         or c.encoder_ffn_dim != c.decoder_ffn_dim
     ):
-        raise ValueError(
+        raise CheckpointError(
             f"{family} with different encoder and decoder heads or ffn_dim cannot be"
             " converted: aiayn's stacks share them"
         )
-    return ModelConfig.from_dict(dict(
-        arch="encoder-decoder", vocab_size=c.vocab_size, n_layers=c.encoder_layers,
-        n_decoder_layers=None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
-        d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
-        max_len=c.max_position_embeddings, positional="learned", norm="layernorm",
-        norm_position="post", activation=activation, bias=True, dropout=c.dropout,
-        attention_dropout=c.attention_dropout, scale_embeddings=bool(c.scale_embedding),
-        tie_embeddings=True, pad_id=c.pad_token_id, head_bias=True, init_std=c.init_std,
-        **fields,
-    ))  # fmt: skip
+    return ModelConfig.from_dict(
+        dict(
+            arch="encoder-decoder",
+            vocab_size=c.vocab_size,
+            n_layers=c.encoder_layers,
+            n_decoder_layers=None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
+            d_model=c.d_model,
+            n_heads=c.encoder_attention_heads,
+            d_ff=c.encoder_ffn_dim,
+            max_len=c.max_position_embeddings,
+            positional="learned",
+            norm="layernorm",
+            norm_position="post",
+            activation=activation,
+            bias=True,
+            dropout=c.dropout,
+            attention_dropout=c.attention_dropout,
+            scale_embeddings=bool(c.scale_embedding),
+            tie_embeddings=True,
+            pad_id=c.pad_token_id,
+            head_bias=True,
+            init_std=c.init_std,
+            **fields,
+        )
+    )
 
 
 def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]) -> dict[str, Any]:
@@ -93,14 +114,22 @@ def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]
     _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
     _check(want, c, src_vocab_size=(None, c.vocab_size))
     return dict(
-        vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.n_layers,
-        decoder_layers=c.decoder_layers, encoder_attention_heads=c.attention.n_heads,
-        decoder_attention_heads=c.attention.n_heads, encoder_ffn_dim=c.ffn.d_ff,
-        decoder_ffn_dim=c.ffn.d_ff, activation_function=activations[c.ffn.activation],
-        dropout=c.dropout, attention_dropout=c.attention.dropout, activation_dropout=0.0,
-        max_position_embeddings=c.max_len, scale_embedding=c.scale_embeddings,
+        vocab_size=c.vocab_size,
+        d_model=c.d_model,
+        encoder_layers=c.n_layers,
+        decoder_layers=c.decoder_layers,
+        encoder_attention_heads=c.attention.n_heads,
+        decoder_attention_heads=c.attention.n_heads,
+        encoder_ffn_dim=c.ffn.d_ff,
+        decoder_ffn_dim=c.ffn.d_ff,
+        activation_function=activations[c.ffn.activation],
+        dropout=c.dropout,
+        attention_dropout=c.attention.dropout,
+        activation_dropout=0.0,
+        max_position_embeddings=c.max_len,
+        scale_embedding=c.scale_embeddings,
         init_std=c.init_std,
-    )  # fmt: skip
+    )
 
 
 def config_from_marian(hf_config: Any) -> ModelConfig:
@@ -114,14 +143,17 @@ def config_from_marian(hf_config: Any) -> ModelConfig:
 
 
 def _marian_config(config: ModelConfig, attn_implementation: str | None, **ids: int) -> Any:
-    """ModelConfig -> ``MarianConfig`` (inverse of :func:`config_from_marian`)."""
+    """ModelConfig -> ``MarianConfig`` (inverse of ``config_from_marian``)."""
     fields = seq2seq_fields(config, "Marian", _ACTIVATIONS_BACK)
     _check("ModelConfig (for Marian)", config, embedding_norm=(False,))
     pad = config.pad_id if config.pad_id is not None else config.vocab_size - 1
     return _transformers().MarianConfig(
-        **fields, pad_token_id=pad, decoder_start_token_id=ids.get("start", pad),
-        eos_token_id=ids.get("eos", 0), attn_implementation=attn_implementation,
-    )  # fmt: skip
+        **fields,
+        pad_token_id=pad,
+        decoder_start_token_id=ids.get("start", pad),
+        eos_token_id=ids.get("eos", 0),
+        attn_implementation=attn_implementation,
+    )
 
 
 def marian_names(config: ModelConfig) -> NameMap:
@@ -170,7 +202,7 @@ def marian_positions(n_positions: int, dim: int) -> torch.Tensor:
 
 def read_marian(hf_config: Any, stored: Collection[str]) -> Reading:
     """A Marian folder's config and name map; its sinusoid tables are often not stored (they
-    are computed: :func:`fill_positions`)."""
+    are computed: ``fill_positions``)."""
     config = config_from_marian(hf_config)
     names = [
         n for n in marian_names(config) if "embed_positions" not in n[1][0] or n[1][0] in stored
@@ -199,7 +231,7 @@ def write_marian(config: ModelConfig) -> tuple[Any, NameMap]:
 
 
 def from_hf_marian(hf_model: Any) -> EncoderDecoder:
-    """A ``MarianMTModel`` as an :class:`EncoderDecoder` with identical weights."""
+    """A ``MarianMTModel`` as an ``EncoderDecoder`` with identical weights."""
     config = config_from_marian(hf_model.config)
     return copied_from_hf(EncoderDecoder(config), hf_model, marian_names(config), "Marian")
 

@@ -4,10 +4,10 @@ A published embedding model is more than its BERT weights: ``modules.json`` list
 after the transformer (pooling, then often ``Normalize``), ``1_Pooling/config.json`` says which
 pooling (the mean over real tokens, the [CLS] vector, the maximum, ...), and
 ``sentence_bert_config.json`` how many tokens the model reads (``max_seq_length``, often less
-than BERT's 512) and whether it lower-cases.  :func:`read_pooling` reads them, so that
+than BERT's 512) and whether it lower-cases.  ``read_pooling`` reads them, so that
 ``aiayn embed`` gives what ``SentenceTransformer(folder).encode`` gives.
 
-Folders without ``modules.json`` (a plain BERT) get :data:`DEFAULT_POOLING`: the mean over
+Folders without ``modules.json`` (a plain BERT) get ``DEFAULT_POOLING``: the mean over
 real tokens, scaled to unit length -- the usual recipe.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.atomic import inside
+from aiayn.errors import CheckpointError
 from aiayn.interop.json_files import read_json, read_json_object
 
 # The modes sentence-transformers knows, in the order it concatenates them when a folder
@@ -40,7 +41,7 @@ _NORMALIZE_TYPE = "sentence_transformers.models.Normalize"
 class Pooling:
     """How token vectors become a sentence vector.
 
-    ``modes`` -- one or more of :data:`POOLING_MODES`, concatenated in that order;
+    ``modes`` -- one or more of ``POOLING_MODES``, concatenated in that order;
     ``normalize`` -- scale the result to unit length; ``max_tokens`` -- read at most this many
     tokens ([CLS] and [SEP] included), None for the model's own limit; ``lowercase`` --
     lower-case the text before tokenizing (sentence-transformers' ``do_lower_case``).
@@ -53,14 +54,16 @@ class Pooling:
 
     def __post_init__(self) -> None:
         if not self.modes:
-            raise ValueError(
+            raise CheckpointError(
                 "Pooling.modes is empty: name at least one of " + ", ".join(POOLING_MODES)
             )
         for mode in self.modes:
             if mode not in POOLING_MODES:
-                raise ValueError(f"pooling mode {mode!r} is not one of {', '.join(POOLING_MODES)}")
+                raise CheckpointError(
+                    f"pooling mode {mode!r} is not one of {', '.join(POOLING_MODES)}"
+                )
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"Pooling.max_tokens={self.max_tokens} must be >= 1")
+            raise CheckpointError(f"Pooling.max_tokens={self.max_tokens} must be >= 1")
 
 
 DEFAULT_POOLING = Pooling()
@@ -74,19 +77,19 @@ def _modes(config: dict[str, Any], path: Path) -> tuple[str, ...]:
     else:
         modes = tuple(mode for key, mode in _LEGACY_KEYS.items() if config.get(key, False))
     if not modes:
-        raise ValueError(f"{path} selects no pooling mode (expected one of {POOLING_MODES})")
+        raise CheckpointError(f"{path} selects no pooling mode (expected one of {POOLING_MODES})")
     return modes  # concatenated in this order
 
 
 def read_pooling(directory: str | os.PathLike[str]) -> Pooling:
-    """The folder's pooling recipe (module docstring); :data:`DEFAULT_POOLING` without one."""
+    """The folder's pooling recipe (module docstring); ``DEFAULT_POOLING`` without one."""
     folder = Path(directory)
     modules_path = folder / "modules.json"
     if not modules_path.is_file():
         return DEFAULT_POOLING
     modules = read_json(modules_path)
     if not isinstance(modules, list):
-        raise ValueError(
+        raise CheckpointError(
             f"{modules_path} should hold a list of modules, not {type(modules).__name__}"
         )
     types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
@@ -94,7 +97,7 @@ def read_pooling(directory: str | os.PathLike[str]) -> Pooling:
         (m for m in modules if isinstance(m, dict) and m.get("type") == _POOLING_TYPE), None
     )
     if pooling is None:
-        raise ValueError(f"{modules_path} has no {_POOLING_TYPE} module: aiayn cannot pool it")
+        raise CheckpointError(f"{modules_path} has no {_POOLING_TYPE} module: aiayn cannot pool it")
     module = pooling.get("path", "")  # a subfolder of the model's folder
     name = f"{module}/config.json" if module else "config.json"
     config_path = inside(folder, name, f"{modules_path} ({_POOLING_TYPE} path)")

@@ -18,9 +18,9 @@ folders, ``special_tokens_map.json``) can change it on load.  transformers honou
   which already adds whatever BOS / EOS the model was trained with;
 * ``model_max_length`` -- the longest input the model was trained on (kept, not applied:
   encoding never truncates by itself);
-* ``chat_template`` -- kept for :mod:`aiayn.interop.chat_template`.
+* ``chat_template`` -- kept for ``aiayn.interop.chat_template``.
 
-:func:`read_settings` reads them; :func:`apply_settings` changes a ``tokenizers.Tokenizer``
+``read_settings`` reads them; ``apply_settings`` changes a ``tokenizers.Tokenizer``
 in place.  What changes lives in the tokenizer itself (its normaliser and added tokens), so an
 aiayn checkpoint written from the folder keeps it.
 """
@@ -33,11 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiayn.errors import CheckpointError
 from aiayn.interop.json_files import read_json_object
 
 SPECIAL_NAMES = (
-    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
-)  # fmt: skip
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 EXTRA_NAMES = ("additional_special_tokens", "extra_special_tokens")
 # transformers' "effectively unlimited" model_max_length when a folder names none
 UNLIMITED = int(1e30)
@@ -63,7 +70,7 @@ def _content(value: Any, where: str) -> str | None:
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return str(value["content"])
-    raise ValueError(f"{where} should be a token string or {{'content': ...}}, not {value!r}")
+    raise CheckpointError(f"{where} should be a token string or {{'content': ...}}, not {value!r}")
 
 
 def _chat_template(config: dict[str, Any], folder: Path) -> str | None:
@@ -76,7 +83,7 @@ def _chat_template(config: dict[str, Any], folder: Path) -> str | None:
     if template is None and jinja.is_file():
         template = jinja.read_text(encoding="utf-8")
     if template is not None and not isinstance(template, str):
-        raise ValueError(f"{folder / 'tokenizer_config.json'}: chat_template is not a string")
+        raise CheckpointError(f"{folder / 'tokenizer_config.json'}: chat_template is not a string")
     return template
 
 
@@ -93,7 +100,7 @@ def _extra_tokens(name: str, value: Any, path: Path) -> list[str]:
     """The tokens of a list (or a dict of) extra special tokens."""
     tokens = list(value.values()) if isinstance(value, dict) else value or []
     if not isinstance(tokens, list):
-        raise ValueError(f"{path}: {name} should be a list of tokens, not {value!r}")
+        raise CheckpointError(f"{path}: {name} should be a list of tokens, not {value!r}")
     return [t for t in (_content(v, f"{path}: {name}") for v in tokens) if t is not None]
 
 
@@ -118,7 +125,7 @@ def read_settings(directory: str | os.PathLike[str]) -> TokenizerSettings:
     flags = {k: config.get(k) for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars")}
     for key, value in flags.items():
         if value is not None and not isinstance(value, bool):
-            raise ValueError(f"{config_path}: {key} should be true or false, not {value!r}")
+            raise CheckpointError(f"{config_path}: {key} should be true or false, not {value!r}")
     return TokenizerSettings(
         special=special,
         extra_special=tuple(dict.fromkeys(extra)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiayn.config import ModelConfig, get_preset
+from aiayn.errors import UserError
 from aiayn.models.base import TransformerModel
 from aiayn.models.decoder import DecoderLM
 from aiayn.models.encoder import EncoderLM
@@ -22,15 +23,15 @@ def resolve_config(preset_or_config: str | ModelConfig, **overrides: Any) -> Mod
         return preset_or_config.replace(**overrides) if overrides else preset_or_config
     if isinstance(preset_or_config, str):
         return get_preset(preset_or_config, **overrides)
-    raise ValueError(
+    raise UserError(
         f"expected a preset name or a ModelConfig, got {type(preset_or_config).__name__}"
     )
 
 
 def build_model(preset_or_config: str | ModelConfig, **overrides: Any) -> TransformerModel:
-    """Build a model from a preset name (see :func:`aiayn.presets`) or a config.
+    """Build a model from a preset name (see ``aiayn.presets``) or a config.
 
-    ``overrides`` are ModelConfig settings in any spelling (:meth:`ModelConfig.replace`), e.g.
+    ``overrides`` are ModelConfig settings in any spelling (``ModelConfig.replace``), e.g.
     ``build_model("paper-base", n_layers=2)``.
     """
     config = resolve_config(preset_or_config, **overrides)

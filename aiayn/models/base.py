@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.nn.blocks import Block
 from aiayn.nn.cache import Cache
 from aiayn.nn.context import Context, Record
@@ -52,8 +53,12 @@ def head_cross_entropy(
     """Mean cross entropy of ``head``'s own logits of ``x`` (B, T, C): for an output projection
     that is not a plain linear layer (int8 weights), whose product runs its own kernel."""
     logits = head(x).float()  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=ignore_index,
-                           label_smoothing=label_smoothing)  # fmt: skip
+    return F.cross_entropy(
+        logits.flatten(0, -2),
+        targets.flatten(),
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+    )
 
 
 def _attention_mask(key_mask: Tensor | None) -> Tensor | None:
@@ -159,7 +164,7 @@ class TransformerModel(nn.Module):
         """
         t = ids.shape[1]
         if cache is None and t > self.config.max_len:
-            raise ValueError(
+            raise UserError(
                 f"sequence of length {t} exceeds the model's max_len={self.config.max_len}"
             )
         if cache is not None:
@@ -189,10 +194,10 @@ class TransformerModel(nn.Module):
         """An empty KV cache for ``batch`` sequences of up to ``capacity`` (max_len) tokens."""
         c = self.config
         if not self.cache_layers:
-            raise ValueError(f"a {type(self).__name__} does not decode: it has no KV cache")
+            raise UserError(f"a {type(self).__name__} does not decode: it has no KV cache")
         capacity = c.max_len if capacity is None else capacity
         if capacity > c.max_len:
-            raise ValueError(f"cache capacity {capacity} exceeds the model's max_len={c.max_len}")
+            raise UserError(f"cache capacity {capacity} exceeds the model's max_len={c.max_len}")
         p = next(self.parameters())
         return Cache.empty(
             self.cache_layers,
@@ -214,10 +219,10 @@ class TransformerModel(nn.Module):
         c = self.config
         why = static_supports(self)
         if why is not None:
-            raise ValueError(f"this model cannot use a static KV cache: {why}")
+            raise UserError(f"this model cannot use a static KV cache: {why}")
         capacity = c.max_len if capacity is None else capacity
         if capacity > c.max_len:
-            raise ValueError(f"cache capacity {capacity} exceeds the model's max_len={c.max_len}")
+            raise UserError(f"cache capacity {capacity} exceeds the model's max_len={c.max_len}")
         p = next(self.parameters())
         return StaticCache(
             self.cache_layers,

@@ -6,7 +6,7 @@ next token, ``p(x_{t+1} | x_{<=t})`` for every t in one pass.
 Left padding (batched prompts of different lengths) is handled by an explicit
 ``attention_mask`` (B, T) -- True at real tokens.  Positions then count real tokens only, so a
 left-padded prompt sees exactly the positions it would see alone; the padded keys are hidden
-from every query.  With a :class:`~aiayn.nn.cache.Cache` the model appends to it and the new
+from every query.  With a ``Cache`` the model appends to it and the new
 tokens continue at the cached length -- a decoding step is this same forward pass on one
 token per row (aiayn/generate/lm.py).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.cache import Cache
 from aiayn.nn.context import Record
@@ -30,7 +31,7 @@ class DecoderLM(TransformerModel):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         if config.arch != "decoder":
-            raise ValueError(f"DecoderLM needs arch='decoder', got {config.arch!r}")
+            raise UserError(f"DecoderLM needs arch='decoder', got {config.arch!r}")
         c = config
         self.cache_layers = c.n_layers
         self.embed = Embeddings(c, c.vocab_size)

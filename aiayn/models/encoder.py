@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.models.base import Stack, TransformerModel, head_cross_entropy
 from aiayn.nn.context import Record
 from aiayn.nn.embedding import Embeddings, check_ids, check_token_mask
@@ -44,7 +45,7 @@ class EncoderLM(TransformerModel):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         if config.arch != "encoder":
-            raise ValueError(f"EncoderLM needs arch='encoder', got {config.arch!r}")
+            raise UserError(f"EncoderLM needs arch='encoder', got {config.arch!r}")
         c = config
         self.embed = Embeddings(c, c.vocab_size)
         self.encoder = Stack(c, c.n_layers, stream="encoder")
@@ -66,7 +67,7 @@ class EncoderLM(TransformerModel):
         check_ids(ids, self.config.vocab_size)
         if token_type_ids is not None:
             if token_type_ids.shape != ids.shape:
-                raise ValueError(
+                raise UserError(
                     f"token_type_ids of shape {tuple(token_type_ids.shape)} must match the ids'"
                     f" {tuple(ids.shape)}"
                 )
@@ -77,15 +78,20 @@ class EncoderLM(TransformerModel):
         elif attention_mask is not None:
             check_token_mask(attention_mask, ids)
         x, ctx = self.embed_context(
-            self.embed, ids, attention_mask, None, causal=False, record=record,
+            self.embed,
+            ids,
+            attention_mask,
+            None,
+            causal=False,
+            record=record,
             token_types=token_type_ids,
-        )  # fmt: skip
+        )
         return self.encoder(x, ctx)
 
     def pool(self, hidden: Tensor) -> Tensor:
         """BERT's pooled output: tanh(W h_[CLS] + b) of the (B, T, C) encoding -> (B, C)."""
         if self.pooler is None:
-            raise ValueError("this encoder has no pooler (config pooler=False)")
+            raise UserError("this encoder has no pooler (config pooler=False)")
         return torch.tanh(self.pooler(hidden[:, 0]))
 
     def forward(
@@ -104,7 +110,7 @@ class EncoderLM(TransformerModel):
         the mean cross entropy over the masked positions instead, without the logits.
         """
         if self.head is None:
-            raise ValueError("this encoder has no masked-LM head (mlm_head=False): use encode()")
+            raise UserError("this encoder has no masked-LM head (mlm_head=False): use encode()")
         x = self.encode(
             ids, attention_mask=attention_mask, record=record, token_type_ids=token_type_ids
         )  # (B, T, C)

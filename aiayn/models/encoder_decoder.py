@@ -16,6 +16,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.cache import Cache
 from aiayn.nn.context import Record
@@ -29,7 +30,7 @@ class EncoderDecoder(TransformerModel):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         if config.arch != "encoder-decoder":
-            raise ValueError(f"EncoderDecoder needs arch='encoder-decoder', got {config.arch!r}")
+            raise UserError(f"EncoderDecoder needs arch='encoder-decoder', got {config.arch!r}")
         c = config
         self.cache_layers = c.decoder_layers
         self.src_embed = Embeddings(c, c.source_vocab_size)

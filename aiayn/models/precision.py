@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from aiayn.device import inference_dtype
+from aiayn.errors import UserError
 from aiayn.models.base import TransformerModel
 from aiayn.nn.quantized import quantize
 
@@ -36,11 +37,11 @@ class Precision:
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is invalid: expected auto, float32 or bfloat16")
+            raise UserError(f"dtype={self.dtype!r} is invalid: expected auto, float32 or bfloat16")
         if self.quantize not in (None, "int8"):
-            raise ValueError(f"quantize={self.quantize!r} is invalid: expected int8 (or none)")
+            raise UserError(f"quantize={self.quantize!r} is invalid: expected int8 (or none)")
         if self.kv_cache is not None and self.kv_cache not in DTYPES:
-            raise ValueError(f"kv_cache={self.kv_cache!r} is invalid: expected float32 or bfloat16")
+            raise UserError(f"kv_cache={self.kv_cache!r} is invalid: expected float32 or bfloat16")
 
 
 def apply_precision(

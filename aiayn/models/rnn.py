@@ -20,7 +20,7 @@ whole target in one call, the speed a fair baseline deserves; the information fl
 same.  Without attention the output is ``s_t`` itself.  The output projection is tied to the
 embeddings as in the Transformer (``tie_embeddings``).
 
-These models subclass :class:`~aiayn.models.encoder_decoder.EncoderDecoder` for its interface
+These models subclass ``EncoderDecoder`` for its interface
 -- ``encode``, ``decode`` with a cache, ``forward`` with targets -- so that one trainer, one
 beam search, one BLEU scorer and one checkpoint format serve both; the Transformer's stacks
 are not built.
@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.models.base import TransformerModel
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.nn.attention import masked_softmax
@@ -107,21 +108,28 @@ class RNNEncoderDecoder(EncoderDecoder):
         TransformerModel.__init__(self, config)  # not EncoderDecoder's: no Transformer stacks
         c = config
         if c.rnn.cell is None:
-            raise ValueError("RNNEncoderDecoder needs config.rnn.cell = 'gru' or 'lstm'")
+            raise UserError("RNNEncoderDecoder needs config.rnn.cell = 'gru' or 'lstm'")
         if c.d_model % 2:
-            raise ValueError(f"d_model={c.d_model} must be even: half per encoder direction")
+            raise UserError(f"d_model={c.d_model} must be even: half per encoder direction")
         cell = nn.GRU if c.rnn.cell == "gru" else nn.LSTM
         inner = c.dropout if c.n_layers > 1 else 0.0
         self.src_token = nn.Embedding(c.source_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.tgt_token = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         self.encoder_rnn = cell(
-            c.d_model, c.d_model // 2, c.n_layers, batch_first=True, bidirectional=True,
+            c.d_model,
+            c.d_model // 2,
+            c.n_layers,
+            batch_first=True,
+            bidirectional=True,
             dropout=inner,
-        )  # fmt: skip
+        )
         self.decoder_rnn = cell(
-            c.d_model, c.d_model, c.decoder_layers, batch_first=True,
+            c.d_model,
+            c.d_model,
+            c.decoder_layers,
+            batch_first=True,
             dropout=inner if c.decoder_layers > 1 else 0.0,
-        )  # fmt: skip
+        )
         self.bridge = Linear(c.d_model, c.d_model)  # W_b: encoder summary -> s_0
         self.attention = AdditiveAttention(c.d_model) if c.rnn.attention else None
         self.combine = Linear(2 * c.d_model, c.d_model) if c.rnn.attention else None  # W_c
@@ -147,7 +155,7 @@ class RNNEncoderDecoder(EncoderDecoder):
             if not bool(
                 (keep == (torch.arange(keep.shape[1], device=keep.device) < lengths[:, None])).all()
             ):
-                raise ValueError(
+                raise UserError(
                     "an RNN encoder reads right-padded sources: every source mask must be a"
                     " run of real tokens followed by padding"
                 )
@@ -186,7 +194,7 @@ class RNNEncoderDecoder(EncoderDecoder):
         if cache is not None:
             if cache.state is None:  # the first step: the encoder output starts the decoder
                 if memory is None:
-                    raise ValueError("the first decoding step needs the encoder output (memory)")
+                    raise UserError("the first decoding step needs the encoder output (memory)")
                 if memory.shape[0] != tgt.shape[0]:  # one sentence for a group of beams
                     memory, src_keep = _per_row(memory, src_keep, tgt.shape[0])
                 cache.memory, cache.memory_mask = memory, src_keep
@@ -196,7 +204,7 @@ class RNNEncoderDecoder(EncoderDecoder):
             state, keys = cache.state, cache.keys
         else:
             if memory is None:
-                raise ValueError("decode needs the encoder output (memory) without a cache")
+                raise UserError("decode needs the encoder output (memory) without a cache")
             state = self.initial_state(memory, src_keep)
             keys = None if self.attention is None else self.attention.key(memory)
         assert memory is not None

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.models.base import Stack, TransformerModel
 from aiayn.nn.context import Context, Record
 from aiayn.nn.linear import Linear
@@ -37,7 +38,7 @@ class VisionTransformer(TransformerModel):
         super().__init__(config)
         c, v = config, config.vision
         if v.image_size is None or v.n_classes is None:
-            raise ValueError(
+            raise UserError(
                 "VisionTransformer needs config.vision.image_size and config.vision.n_classes"
             )
         self.patches = (v.image_size // v.patch_size) ** 2
@@ -64,7 +65,7 @@ class VisionTransformer(TransformerModel):
         v = self.config.vision
         want = (v.channels, v.image_size, v.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != want:
-            raise ValueError(
+            raise UserError(
                 f"images must be (B, {want[0]}, {want[1]}, {want[2]}), got {tuple(images.shape)}"
             )
 

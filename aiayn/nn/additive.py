@@ -8,7 +8,7 @@ single hidden layer" -- here the hidden layer is the head's d_k-wide query and k
 The paper chose the dot product because it is a matrix multiplication: additive scores need a
 (T, S, d_k) tensor of sums per head, which costs O(T·S·d_k) memory where the dot product needs
 O(T·S).  The masks, the softmax and the weighted sum of values are Eq. (1)'s
-(:func:`aiayn.nn.attention.masked_softmax`), so the two differ only in the score.
+(``aiayn.nn.attention.masked_softmax``), so the two differ only in the score.
 
 This is the ``attention_score = "additive"`` ablation of the model config (Table 3 of the paper
 compares the two only in prose: "dot-product attention is much faster and more

@@ -11,11 +11,11 @@ One entry point, and several backends chosen by name (aiayn/registry.py):
   aiayn/nn/matmul_attention.py with their own backward, which are faster there.
 * ``"flash"`` -- the tiled kernel of aiayn/nn/flash.py (O(n) memory, its own backward).
 
-Every backend has one signature, :class:`Backend`: ``backend(q, k, v, call)``, where the
-:class:`AttentionCall` carries everything besides the tensors attended over -- the mask,
+Every backend has one signature, ``Backend``: ``backend(q, k, v, call)``, where the
+``AttentionCall`` carries everything besides the tensors attended over -- the mask,
 causality, the sliding window, the scale, the dropout and whether to return the weights.
-They agree to 1e-5 in fp32 (tests/nn/test_attention.py).  :func:`scaled_dot_product_attention`
-is the public entry point: it checks its arguments and names what is wrong.  :func:`attend` is
+They agree to 1e-5 in fp32 (tests/nn/test_attention.py).  ``scaled_dot_product_attention``
+is the public entry point: it checks its arguments and names what is wrong.  ``attend`` is
 the same computation without the checks, for the model's own modules, whose shapes are right
 by construction -- a decoding step calls it once per layer and token.  Shapes: ``(..., T, D)`` queries,
 ``(..., S, D)`` keys and values; with a head axis, ``(B, H, T, D)`` queries may face
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn import registry
+from aiayn.errors import UserError
 from aiayn.nn.masks import structural_mask
 from aiayn.nn.matmul_attention import matmul_attention, max_scores
 
@@ -49,8 +50,9 @@ ScaleArg = bool | float
 class AttentionCall:
     """What one evaluation of Eq. (1) attends with, besides the queries, keys and values.
 
-    Made once per attention module per forward pass (so with slots, not frozen: building it
-    costs 0.4 us instead of 1 us per decoding step and layer); never changed once made."""
+    Made once per attention module per forward pass (so with slots, not frozen: a frozen
+    dataclass costs twice as much to build, per decoding step and layer); never changed once
+    made."""
 
     scale: float  # multiplies q k^T: 1/sqrt(d_k) in the paper (§3.2.1), 1.0 in the ablation
     mask: Tensor | None = None  # bool (True = may attend) or additive float, to (..., T, S)
@@ -91,8 +93,14 @@ class AttentionCall:
             mask = mask[a:b, ..., :keys]
         elif mask is not None:
             mask = mask[..., :keys]
-        return AttentionCall(scale=self.scale, mask=mask, causal=self.causal, window=self.window,
-                             dropout_p=self.dropout_p, live_rows=True)  # fmt: skip
+        return AttentionCall(
+            scale=self.scale,
+            mask=mask,
+            causal=self.causal,
+            window=self.window,
+            dropout_p=self.dropout_p,
+            live_rows=True,
+        )
 
 
 class Backend(Protocol):
@@ -183,7 +191,7 @@ def sdpa_backend(
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention, with fully masked rows made zero."""
     if call.return_weights:
-        raise ValueError("backend='sdpa' cannot return attention weights; use backend='reference'")
+        raise UserError("backend='sdpa' cannot return attention weights; use backend='reference'")
     mask, window, scale, dropout_p = call.mask, call.window, call.scale, call.dropout_p
     is_causal = call.causal
     t, s = q.shape[-2], k.shape[-2]
@@ -191,7 +199,7 @@ def sdpa_backend(
         # A captured decoding step (aiayn/generate/captured.py): a few queries per head over a
         # static cache, with a mask.  Written out, inductor fuses the mask and the softmax
         # into one loop between two small products; PyTorch's fused kernel with a mask is a
-        # call of its own (about 70 us a layer for a beam's 4 queries over 64 keys).
+        # call of its own, which costs more than the work at these sizes.
         return reference_backend(q, k, v, call)
     enable_gqa = q.dim() >= 3 and q.shape[-3] != k.shape[-3]
     if (
@@ -231,7 +239,7 @@ def sdpa_backend(
 
 
 def register_backend(name: str, fn: Backend) -> None:
-    """Add an attention backend under ``name`` (a :class:`Backend`: ``fn(q, k, v, call)``);
+    """Add an attention backend under ``name`` (a ``Backend``: ``fn(q, k, v, call)``);
     models then accept ``attention.backend = name``."""
     registry.register("attention_backend", name, fn)
 
@@ -261,52 +269,63 @@ def attend(
     groups = call.row_groups
     if groups is None or call.return_weights or q.shape[-2] != 1:
         return fn(q, k, v, call)
-    out = [fn(q[a:b], k[a:b, ..., :n, :], v[a:b, ..., :n, :], call.for_rows(a, b, n))[0]
-           for a, b, n in groups]  # fmt: skip
+    out = [
+        fn(q[a:b], k[a:b, ..., :n, :], v[a:b, ..., :n, :], call.for_rows(a, b, n))[0]
+        for a, b, n in groups
+    ]
     return (out[0] if len(out) == 1 else torch.cat(out)), None  # (B, H, 1, D)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    """Raise UserError naming the first of q, k, v and mask whose type or shape is wrong."""
+    _check_qkv(q, k, v)
+    if mask is not None:
+        _check_mask(mask, q, k)
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            raise UserError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+            raise UserError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
         if x.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., T, D), got {tuple(x.shape)}")
+            raise UserError(f"{name} must have shape (..., T, D), got {tuple(x.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise UserError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.dim() == k.dim() == v.dim()):
-        raise ValueError(
+        raise UserError(
             f"q, k, v must have the same rank, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the last dim, got {q.shape[-1]} and {k.shape[-1]}")
+        raise UserError(f"q and k must share the last dim, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(
+        raise UserError(
             f"k and v must match except in the last dim, got {tuple(k.shape)} and {tuple(v.shape)}"
         )
     if q.dim() >= 3 and q.shape[-3] % k.shape[-3]:
-        raise ValueError(
+        raise UserError(
             f"query heads ({q.shape[-3]}) must be a multiple of key/value heads ({k.shape[-3]})"
         )
     if q.shape[:-3] != k.shape[:-3]:
-        raise ValueError(
+        raise UserError(
             f"q and k batch dims differ: {tuple(q.shape[:-3])} vs {tuple(k.shape[:-3])}"
         )
-    if mask is not None:
-        if not isinstance(mask, Tensor):
-            raise ValueError(f"mask must be a tensor or None, got {type(mask).__name__}")
-        if mask.dtype != torch.bool and mask.dtype != q.dtype:
-            raise ValueError(f"mask must be bool or {q.dtype} (additive), got {mask.dtype}")
-        target = (*q.shape[:-1], k.shape[-2])
-        try:
-            if torch.broadcast_shapes(mask.shape, target) != target:
-                raise RuntimeError
-        except RuntimeError:
-            raise ValueError(
-                f"mask of shape {tuple(mask.shape)} does not broadcast to scores {target}"
-            ) from None
+
+
+def _check_mask(mask: Tensor, q: Tensor, k: Tensor) -> None:
+    if not isinstance(mask, Tensor):
+        raise UserError(f"mask must be a tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and mask.dtype != q.dtype:
+        raise UserError(f"mask must be bool or {q.dtype} (additive), got {mask.dtype}")
+    target = (*q.shape[:-1], k.shape[-2])
+    try:
+        if torch.broadcast_shapes(mask.shape, target) != target:
+            raise RuntimeError
+    except RuntimeError:
+        raise UserError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to scores {target}"
+        ) from None
 
 
 def scaled_dot_product_attention(
@@ -342,16 +361,16 @@ def scaled_dot_product_attention(
     """
     names = registry.names("attention_backend")
     if backend not in names:
-        raise ValueError(f"unknown attention backend {backend!r}; expected one of {sorted(names)}")
+        raise UserError(f"unknown attention backend {backend!r}; expected one of {sorted(names)}")
     _check_inputs(q, k, v, mask)
     if window is not None and window < 1:
-        raise ValueError(f"window must be a positive integer or None, got {window}")
+        raise UserError(f"window must be a positive integer or None, got {window}")
     if (is_causal or window is not None) and q.shape[-2] > k.shape[-2]:
-        raise ValueError(
+        raise UserError(
             f"causal attention needs at least as many keys as queries, got T={q.shape[-2]}, S={k.shape[-2]}"
         )
     if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+        raise UserError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if isinstance(scale, bool):
         scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale else 1.0
     else:

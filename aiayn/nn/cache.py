@@ -8,7 +8,7 @@ depend only on the encoder output, so they are computed once per sentence.
 Memory per token and layer: 2 · n_kv_heads · d_head · bytes -- grouped-query attention shrinks
 it by n_heads / n_kv_heads.
 
-Two layouts share one append routine (:func:`_append`):
+Two layouts share one append routine (``_append``):
 
 * growing -- preallocated to ``capacity`` positions, so appending never reallocates;
 * rolling -- for sliding-window attention (Mistral, Jiang et al., 2023): a ring of ``window``
@@ -19,7 +19,7 @@ Two layouts share one append routine (:func:`_append`):
   reads the kept positions in time order followed by the new ones, and the window mask
   (aligned bottom-right) does the rest.
 
-:meth:`Cache.reorder` selects batch rows (beam search).
+``Cache.reorder`` selects batch rows (beam search).
 
 Shapes: B batch, H_kv key/value heads, S cached positions, D head size, W window.
 """
@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
+
 
 def _append(buf: Tensor, seen: int, new: Tensor, rolling: bool) -> tuple[Tensor, Tensor]:
     """Write ``new`` (positions seen..seen+T-1 along dim 2) into ``buf``; return (updated
@@ -41,7 +43,7 @@ def _append(buf: Tensor, seen: int, new: Tensor, rolling: bool) -> tuple[Tensor,
     t, n = new.shape[dim], buf.shape[dim]
     if not rolling:
         if seen + t > n:
-            raise ValueError(
+            raise UserError(
                 f"KV cache is full: {seen} cached + {t} new positions exceed its capacity of {n}"
             )
         buf.narrow(dim, seen, t).copy_(new)
@@ -163,7 +165,7 @@ class LayerCache:
     state: Any = None  # has .reorder(index) and .nbytes()
 
     def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
-        """Keep rows ``index``; cross-attention keys/values as :meth:`Cache.reorder` says."""
+        """Keep rows ``index``; cross-attention keys/values as ``Cache.reorder`` says."""
         rows = self.self_kv.k.shape[0]
         self.self_kv.reorder(index)
         if self.cross_kv is not None:
@@ -180,7 +182,7 @@ class LayerCache:
 
 
 class Cache:
-    """The whole decoder's cache: one :class:`LayerCache` per layer, and the key mask.
+    """The whole decoder's cache: one ``LayerCache`` per layer, and the key mask.
 
     The key mask records which cached positions are real tokens (False for left padding), in
     the same slots as the keys, so later steps keep ignoring padding; ``real`` counts each
@@ -244,7 +246,7 @@ class Cache:
     def check_room(self, t: int, max_len: int) -> None:
         """Refuse a pass of ``t`` more positions that would take the sequence past ``max_len``."""
         if self.seen + t > max_len:
-            raise ValueError(
+            raise UserError(
                 f"sequence of length {self.seen + t} exceeds the model's max_len={max_len}"
             )
 

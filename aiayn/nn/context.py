@@ -6,7 +6,7 @@ are (the position scheme's state for this pass), and where keys and values are k
 passes (the KV cache).  The model builds the context once per forward pass; every block reads
 it; nothing is rebuilt per layer.
 
-A :class:`Record` is the one way to get intermediates out of a pass: attention weights (the
+A ``Record`` is the one way to get intermediates out of a pass: attention weights (the
 reference backend's), raw scores ``q k^T / sqrt(d_k)`` for every query-key pair (masked pairs
 included, for "what if" views), and mixture-of-experts router statistics.  The pictures, the
 explorer and the trainer all read it.

@@ -1,19 +1,19 @@
 """Faster CPU products for the model's linear layers: chosen once, applied by one explicit call.
 
-:class:`aiayn.nn.linear.Linear` is a plain ``y = x W^T + b``.  How fast that product runs on
+``aiayn.nn.linear.Linear`` is a plain ``y = x W^T + b``.  How fast that product runs on
 a CPU depends on the processor, the row count and whether gradients flow, and PyTorch's
 default (``F.linear``, which on fp32 goes to MKL) is not always the fastest kernel it ships.
 This module is the one place that knows it.  Callers that do a block of work hand the model
 over once:
 
 * training -- ``with for_training(model, kernel):`` where ``kernel`` came from
-  :func:`choose_training_kernel` (the trainer stores it with the run, so a resume takes the
+  ``choose_training_kernel`` (the trainer stores it with the run, so a resume takes the
   same kernel);
 * decoding -- ``with for_decoding(model, rows) as plan:`` (generate, beam search, translate
   and the server's engine), where ``plan.gemv`` tells whether a one-row step runs on BLAS's
   own threads.
 
-Inside the block each fp32 CPU :class:`Linear` of the model has its class swapped for a
+Inside the block each fp32 CPU ``Linear`` of the model has its class swapped for a
 subclass whose ``forward`` runs the chosen kernel (same parameters, same ``state_dict``, same
 hooks); on exit it gets its own class back.  Nothing is ever timed inside ``forward``: every
 measurement happens when a block is entered, once per shape and process, and the decision is
@@ -25,7 +25,7 @@ The kernels:
 * **oneDNN for training.**  On some processors (AMD's AVX-512 parts among them) MKL leaves
   half the machine's matrix throughput unused; oneDNN (``torch.ops.mkldnn``) does not.  The
   three products of a linear layer -- ``x W^T``, and backward ``dY W`` and ``dY^T x`` -- run
-  on oneDNN where :func:`onednn_speedup` measures it faster at the run's row count (about
+  on oneDNN where ``onednn_speedup`` measures it faster at the run's row count (about
   1.2-2.2x on AMD EPYC hosts, none on others).  oneDNN builds and keeps a kernel (and its
   scratch memory) for every row count it meets; token-count batches change their row count at
   every step, and a Multi30k run once grew by 0.4 GB every 20 steps to 7.8 GB.  Rows are
@@ -34,18 +34,18 @@ The kernels:
   training pads the same way, since there ``F.linear`` itself runs on oneDNN.
 * **gemv for one-row decoding.**  Decoding multiplies one or a few rows per step and is bound
   by reading the weights.  One row goes to BLAS's ``sgemv`` -- numpy's matmul on a zero-copy
-  view of the weight, made once on entry -- which reads memory at about 2.5x the rate of
-  ``F.linear``'s path for one row on AMD EPYC hosts (a 384 x 384 one-row product: 7.9 us from
-  views made once, 9.8 us by ``F.linear``).  It goes to every layer or to none, by the time
-  of a one-row pass through the model's own weights (:func:`_gemv_seconds`): gemv runs on
-  BLAS's own threads, which must not share the cores with torch's (:class:`DecodingPlan`).
+  view of the weight, made once on entry -- which reads memory faster than ``F.linear``'s
+  path for one row on some hosts (AMD EPYC; the figures are in docs/performance.md, "The measurements behind the kernels").
+  It goes to every layer or to none, by the time
+  of a one-row pass through the model's own weights (``_gemv_seconds``): gemv runs on
+  BLAS's own threads, which must not share the cores with torch's (``DecodingPlan``).
 * **Packed weights for several rows.**  oneDNN with the weight pre-arranged ("packed") once
-  for the block, per weight shape where :func:`decode_speedup` measures it faster.  The packed
+  for the block, per weight shape where ``decode_speedup`` measures it faster.  The packed
   copy costs as much memory as the weights; it is released on exit.
 
-* **int8 weights** (:class:`~aiayn.nn.quantized.Int8Linear`, ``--quantize int8``): fbgemm's
+* **int8 weights** (``Int8Linear``, ``--quantize int8``): fbgemm's
   dynamic int8 product on the layer's own integers and scales, packed once per process
-  (:class:`DecodingInt8Linear`, through the operator of aiayn/nn/int8_kernel.py that a
+  (``DecodingInt8Linear``, through the operator of aiayn/nn/int8_kernel.py that a
   compiled step can hold): each call quantizes its activations to 8 bits and multiplies int8
   by int8.  Outside a decoding block an int8 layer dequantizes and runs ``F.linear``.
   bf16 weights need nothing here: ``F.linear`` in bf16 runs on oneDNN (AMX where the CPU has
@@ -75,6 +75,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.device import best_seconds
+from aiayn.errors import UserError
 from aiayn.nn import int8_kernel
 from aiayn.nn.int8_kernel import int8_dynamic_linear
 from aiayn.nn.linear import Linear
@@ -91,8 +92,8 @@ MIN_ROWS = 16  # below this, oneDNN without a packed weight is slower than F.lin
 # cost of < 64 idle rows per product.
 ROW_MULTIPLE = 64
 # Inference with a packed weight meets fewer row counts (a decoding batch, a prefill chunk), so
-# its rows are padded more finely: a 68-token prefill of a 6-layer, 384-wide model took 9.3 ms
-# padded to 128 rows and 6.5 ms padded to 80.
+# its rows are padded more finely: padding a short prefill to 64 rows cost a third of its time
+# (docs/performance.md, "The measurements behind the kernels").
 PACKED_ROW_MULTIPLE = 16
 
 
@@ -100,8 +101,11 @@ def enabled() -> bool:
     """False when ``AIAYN_CPU_KERNELS`` is ``off`` (or ``0``/``false``/``none``): then every
     block of this module leaves the model as it is."""
     return os.environ.get("AIAYN_CPU_KERNELS", "on").strip().lower() not in (
-        "off", "0", "false", "none",
-    )  # fmt: skip
+        "off",
+        "0",
+        "false",
+        "none",
+    )
 
 
 @functools.cache
@@ -183,7 +187,7 @@ def _plain_fp32(x: Tensor) -> bool:
 
 
 class TrainingLinear(Linear):
-    """A :class:`Linear` inside :func:`for_training`: fp32 products on oneDNN when the run
+    """A ``Linear`` inside ``for_training``: fp32 products on oneDNN when the run
     chose it (``onednn``), and bf16/fp16 autocast rows padded to ROW_MULTIPLE."""
 
     onednn: bool = False
@@ -206,7 +210,7 @@ class TrainingLinear(Linear):
 
 
 class DecodingLinear(Linear):
-    """A :class:`Linear` inside :func:`for_decoding`: without gradients, one row through gemv
+    """A ``Linear`` inside ``for_decoding``: without gradients, one row through gemv
     on views of the weight (``row_view``), several through a weight packed for oneDNN
     (``packed``); each is None where that kernel was not chosen."""
 
@@ -227,14 +231,13 @@ class DecodingLinear(Linear):
 
 
 class DecodingInt8Linear(Int8Linear):
-    """An :class:`~aiayn.nn.quantized.Int8Linear` inside :func:`for_decoding`: fbgemm's
+    """An ``Int8Linear`` inside ``for_decoding``: fbgemm's
     dynamic int8 product -- each call quantizes its activations to 8 bits (one scale per call)
     and multiplies int8 by int8 with VNNI -- on the weight's own integers and scales, packed
     once per process (``handle``).  It beat every other kernel PyTorch has for int8 weights
-    at 1 to 256 rows on an Intel Xeon with AMX: a (768 x 3072) product at one row in 30 us,
-    against 57 us for the weight-only ``_weight_int8pack_mm`` (bf16 activations; 653 us with
-    fp32 ones) and 172 us for fp32 ``F.linear``.  Where fbgemm is missing it falls back to the
-    plain dequantizing forward."""
+    at 1 to 256 rows (the weight-only ``_weight_int8pack_mm``, fp32 ``F.linear``; figures in
+    docs/performance.md, "The measurements behind the kernels").  Where fbgemm is missing it falls back to the plain
+    dequantizing forward."""
 
     handle: int | None = None  # fbgemm's packed weight (aiayn/nn/int8_kernel.py)
 
@@ -252,14 +255,14 @@ class DecodingInt8Linear(Int8Linear):
 
 
 def _cpu_int8_layers(model: nn.Module) -> list[Int8Linear]:
-    """The CPU :class:`~aiayn.nn.quantized.Int8Linear` layers of ``model``."""
+    """The CPU ``Int8Linear`` layers of ``model``."""
     return [
         m for m in model.modules() if isinstance(m, Int8Linear) and m.qweight.device.type == "cpu"
     ]
 
 
 def _cpu_fp32_layers(model: nn.Module) -> list[Linear]:
-    """The fp32 CPU :class:`Linear` layers of ``model``: those the kernels serve."""
+    """The fp32 CPU ``Linear`` layers of ``model``: those the kernels serve."""
     return [
         m
         for m in model.modules()
@@ -337,9 +340,7 @@ def choose_training_kernel(
     if setting in ("mkl", "onednn"):
         return setting, None  # type: ignore[return-value]
     if setting != "auto":
-        raise ValueError(
-            f"linear kernel {setting!r} is invalid: expected 'auto', 'mkl' or 'onednn'"
-        )
+        raise UserError(f"linear kernel {setting!r} is invalid: expected 'auto', 'mkl' or 'onednn'")
     if rows is None or not cpu_fp32:
         return "mkl", None
     speedup = onednn_speedup(rows, d_model, 4 * d_model)
@@ -357,7 +358,7 @@ def for_training(model: nn.Module, kernel: str) -> Iterator[None]:
     "mkl"; the bf16/fp16 autocast row padding applies to both).  Off with
     ``AIAYN_CPU_KERNELS=off``."""
     if kernel not in ("mkl", "onednn"):
-        raise ValueError(f"kernel {kernel!r} is invalid: expected 'mkl' or 'onednn'")
+        raise UserError(f"kernel {kernel!r} is invalid: expected 'mkl' or 'onednn'")
     if not enabled():
         yield
         return
@@ -371,10 +372,10 @@ def for_training(model: nn.Module, kernel: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class DecodingPlan:
-    """What :func:`for_decoding` chose for a model.  ``gemv``: every layer runs a one-row
+    """What ``for_decoding`` chose for a model.  ``gemv``: every layer runs a one-row
     product on BLAS's own threads, so a one-row step should give torch's small operations one
-    thread (two thread pools spinning against each other ran a 6-layer model's one-row decoding
-    at 10 tokens/s instead of 250 on an AMD EPYC host).  ``packed``: how many layers got a
+    thread (two thread pools spinning against each other slowed a small model's one-row
+    decoding some 25-fold on an AMD EPYC host).  ``packed``: how many layers got a
     packed weight; ``int8_dynamic``: how many int8 layers run fbgemm's dynamic int8 product
     (the rest, where this PyTorch lacks it, their own dequantizing forward)."""
 
@@ -387,10 +388,10 @@ def decode_speedup(kernel: str, rows: int, d_in: int, d_out: int) -> float:
     """How much faster ``kernel`` runs a (rows, d_in) x (d_in, d_out) product with bias,
     without gradients, than ``F.linear`` on this host: ``"gemv"`` (one row, numpy's BLAS on
     views of the weight) or ``"packed"`` (oneDNN on a weight packed for ``rows`` rows).
-    Measured once per shape and process (:func:`_decode_seconds`); 0 where the kernel is
+    Measured once per shape and process (``_decode_seconds``); 0 where the kernel is
     missing."""
     if kernel not in ("gemv", "packed"):
-        raise ValueError(f"kernel must be 'gemv' or 'packed', got {kernel!r}")
+        raise UserError(f"kernel must be 'gemv' or 'packed', got {kernel!r}")
     if kernel == "packed" and not _ONEDNN:
         return 0.0
     baseline, alternative = _decode_seconds(kernel, rows, d_in, d_out)
@@ -417,7 +418,7 @@ def _decode_seconds(kernel: str, rows: int, d_in: int, d_out: int) -> tuple[floa
         def alternative() -> None:
             _onednn(_pad_rows(x, PACKED_ROW_MULTIPLE), packed, b)
 
-    calls = max(1, min(200, 5_000_000 // (d_in * d_out)))  # ~1 ms reading the weight
+    calls = max(1, min(200, 5_000_000 // (d_in * d_out)))  # ~5 M weights read per timing
 
     def loop(fn: Any) -> Any:
         return lambda: [fn() for _ in range(calls)]
@@ -437,7 +438,7 @@ def _shape(m: nn.Linear | Int8Linear) -> tuple[int, int]:
 
 def _gemv_faster(layers: list[Linear]) -> bool:
     """Whether a one-row pass through these layers, in order, takes less time through gemv than
-    through ``F.linear`` (:func:`_gemv_seconds`; measured once per list of shapes and process)."""
+    through ``F.linear`` (``_gemv_seconds``; measured once per list of shapes and process)."""
     if not layers:
         return False
     key = tuple(_shape(m) for m in layers)
@@ -456,8 +457,7 @@ def _gemv_seconds(layers: list[Linear], budget_s: float = 0.1) -> tuple[float, f
     the two passes alternating for about ``budget_s`` (3 to 15 rounds): medians.
 
     A pass reads every weight once, as a decoding step does: a model larger than the cache
-    reads them from memory, and that is where gemv gains (on an AMD EPYC host, 6 layers of
-    width 384, 42 MB: 2.5 ms by ``F.linear``, 1.1 ms by gemv).  Timing each shape alone in a
+    reads them from memory, and that is where gemv gains.  Timing each shape alone in a
     loop keeps its weight in cache and once called the two equal, sending a whole run to the
     slower kernel; alternating the passes keeps a host's drift out of the comparison."""
     xs = {m.in_features: torch.full((1, m.in_features), 0.5) for m in layers}  # (1, I)
@@ -499,8 +499,10 @@ def for_decoding(model: nn.Module, rows: int) -> Iterator[DecodingPlan]:
         if rows > 1 and decode_speedup("packed", rows, *s) > 1
     }
     if rows > 1 and layers:
-        _log_once(f"decoding {rows} rows: packed weights for {len(packed_shapes)} of "
-                  f"{len({_shape(m) for m in layers})} weight shapes")  # fmt: skip
+        _log_once(
+            f"decoding {rows} rows: packed weights for {len(packed_shapes)} of "
+            f"{len({_shape(m) for m in layers})} weight shapes"
+        )
 
     def settings(m: Linear) -> dict[str, Any]:
         return {

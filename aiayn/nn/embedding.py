@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import build_positions
 
@@ -59,7 +60,7 @@ class Embeddings(nn.Module):
                 self.token_type.weight[0] if token_types is None else self.token_type(token_types)
             )
         elif token_types is not None:
-            raise ValueError(
+            raise UserError(
                 "token_type_ids given, but the model has no token types (type_vocab_size=0)"
             )
         added = self.positions.embed(positions)
@@ -76,7 +77,7 @@ def check_token_mask(mask: Tensor, ids: Tensor, name: str = "attention_mask") ->
         got = (
             f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
         )
-        raise ValueError(
+        raise UserError(
             f"{name} must be bool with the shape of the ids {tuple(ids.shape)}, got {got}"
         )
 
@@ -84,13 +85,13 @@ def check_token_mask(mask: Tensor, ids: Tensor, name: str = "attention_mask") ->
 def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
     """Token ids must be an integer (B, T) tensor inside the vocabulary."""
     if not isinstance(ids, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+        raise UserError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise ValueError(f"{name} must be an integer tensor of token ids, got dtype {ids.dtype}")
+        raise UserError(f"{name} must be an integer tensor of token ids, got dtype {ids.dtype}")
     if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}")
+        raise UserError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}")
     if not ids.numel() or torch.compiler.is_compiling():
         return  # a captured decoding step feeds the model's own choices: nothing to sync on
     low, high = (int(v) for v in torch.aminmax(ids))  # one pass, one sync
     if low < 0 or high >= vocab_size:
-        raise ValueError(f"{name} must lie in [0, {vocab_size}), got values in [{low}, {high}]")
+        raise UserError(f"{name} must lie in [0, {vocab_size}), got values in [{low}, {high}]")

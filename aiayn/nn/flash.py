@@ -33,7 +33,7 @@ work of causal attention.  This is a readable PyTorch statement of the algorithm
 batched matmuls over all batch and head pairs at once), not a fused kernel: the memory saving
 is real, the IO-awareness is left to the CPU's caches.
 
-Masks follow :mod:`aiayn.nn.masks` (True = may attend; causal aligned bottom-right; a window
+Masks follow ``aiayn.nn.masks`` (True = may attend; causal aligned bottom-right; a window
 of w lets the query at position p see keys in (p - w, p]).  A user mask broadcastable to
 (..., T, S) is sliced tile by tile, never expanded.  Grouped-query attention maps query head
 h to key/value head h // (H // H_kv) by stacking the G = H // H_kv query heads of a group as
@@ -53,6 +53,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from aiayn.errors import UserError
+
 if TYPE_CHECKING:
     from aiayn.nn.attention import AttentionCall
 
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
 BLOCK_Q = 256
 BLOCK_K = 256
 # Scores are kept in base 2 (q pre-multiplied by log2(e)), so every exponential is an exp2:
-# on CPU torch's exp2 runs about 3x faster than its exp, and exp2(x log2 e) = e^x.
+# on CPU torch's exp2 runs faster than its exp, and exp2(x log2 e) = e^x.
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 
@@ -222,7 +224,7 @@ def _backward(
     masks: _TileMasks,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Algorithm 2.  Shapes as in :func:`_forward`; returns dq, dk, dv."""
+    """Algorithm 2.  Shapes as in ``_forward``; returns dq, dk, dv."""
     n, d = q.shape[0], q.shape[-1]
     dv_size = v.shape[-1]
     tiling = masks.tiling
@@ -315,8 +317,8 @@ def flash_attention(
             it receives no gradient.
         is_causal: causal mask, aligned bottom-right.  window: causal sliding window.
         scale: score scale; None for 1/sqrt(D).
-        block_q / block_k: tile sizes (query rows, keys); default :data:`BLOCK_Q` /
-            :data:`BLOCK_K`.  With grouped-query attention a query tile holds
+        block_q / block_k: tile sizes (query rows, keys); default ``BLOCK_Q`` /
+            ``BLOCK_K``.  With grouped-query attention a query tile holds
             block_q // G positions of each of the G heads that share a key/value head.
 
     Returns:
@@ -326,7 +328,7 @@ def flash_attention(
     """
     rank = q.dim()
     if rank < 2 or k.dim() != rank or v.dim() != rank:
-        raise ValueError(f"q, k, v need equal rank >= 2, got {q.dim()}, {k.dim()}, {v.dim()}")
+        raise UserError(f"q, k, v need equal rank >= 2, got {q.dim()}, {k.dim()}, {v.dim()}")
     dtype = q.dtype
     # Half precision accumulates in fp32 (as the paper's kernels do on chip).
     work = torch.promote_types(dtype, torch.float32)
@@ -337,7 +339,7 @@ def flash_attention(
     h, t, d = q.shape[-3:]
     h_kv, s, dv = k.shape[-3], k.shape[-2], v.shape[-1]
     if h % h_kv:
-        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({h_kv})")
+        raise UserError(f"query heads ({h}) must be a multiple of key/value heads ({h_kv})")
     g, b = h // h_kv, math.prod(batch)
     # Queries of the G heads sharing a kv head become rows of one tile: (N, T, G, D).
     q_rows = q.reshape(b, h_kv, g, t, d).transpose(2, 3).reshape(b * h_kv, t, g, d).contiguous()
@@ -372,13 +374,13 @@ def flash_attention(
 def flash_backend(
     q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor, Tensor | None]:
-    """The ``"flash"`` backend of :func:`aiayn.nn.attention.scaled_dot_product_attention`."""
+    """The ``"flash"`` backend of ``aiayn.nn.attention.scaled_dot_product_attention``."""
     if call.dropout_p != 0:
-        raise ValueError(
+        raise UserError(
             "backend='flash' does not support attention dropout; use 'sdpa' or 'reference'"
         )
     if call.return_weights:
-        raise ValueError(
+        raise UserError(
             "backend='flash' never materialises attention weights; use backend='reference'"
         )
     out = flash_attention(

@@ -1,6 +1,6 @@
 """fbgemm's dynamic int8 product, as one PyTorch operator that a compiled graph can hold.
 
-Decoding with int8 weights (:class:`~aiayn.nn.quantized.Int8Linear`) multiplies by fbgemm's
+Decoding with int8 weights (``Int8Linear``) multiplies by fbgemm's
 dynamic int8 kernel: each call quantizes its activations to 8 bits (one scale per call) and
 multiplies int8 by int8 with VNNI or AMX, on the weight's own integers and scales packed once
 per process.  fbgemm takes its packed weight as an opaque object, which ``torch.compile``
@@ -11,7 +11,7 @@ every int8 product inside its one graph, with no graph break, and eager decoding
 operator.
 
 Handles are given in order of packing and refer to their packed weights weakly: the layer keeps
-its packed weight alive (:func:`packed`), and a freed model frees its weights.
+its packed weight alive (``packed``), and a freed model frees its weights.
 
 Shapes: N rows, I in features, O out features.
 """
@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from aiayn.device import cpu_flags
+from aiayn.errors import UserError
 from aiayn.nn.quantized import Int8Linear
 
 # Without VNNI, x86's 8-bit multiply-add saturates in 16 bits: fbgemm then needs activations
@@ -47,7 +48,7 @@ def _activation_bits(setting: str | None, vnni: bool) -> int:
         return 7
     if setting.strip() == "8" and vnni:
         return 8
-    raise ValueError(
+    raise UserError(
         f"{ACTIVATION_BITS_VAR}={setting!r}: expected 7, or 8 on a CPU with VNNI or AMX"
         + ("" if vnni else " (this one has neither: its 8-bit products saturate)")
     )
@@ -77,15 +78,15 @@ def _dynamic_pack(qweight: Tensor, scale: Tensor, bias: Tensor | None) -> Any | 
 
 _HANDLES: dict[int, weakref.ref[Any]] = {}  # handle -> packed weight (weakly)
 _NEXT = itertools.count()
-# Each int8 layer's packed weight and its handle, made once per process (packing GPT-2
-# small's 49 layers takes 0.9 s), and made again only if the layer's weights change in place.
+# Each int8 layer's packed weight and its handle, made once per process (packing is a pass
+# over every weight), and made again only if the layer's weights change in place.
 _PACKED: weakref.WeakKeyDictionary[Int8Linear, tuple[tuple[int, ...], Any, int]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def packed(m: Int8Linear) -> int | None:
-    """The handle of ``m``'s packed weight for :func:`int8_dynamic_linear` (packing it on first
+    """The handle of ``m``'s packed weight for ``int8_dynamic_linear`` (packing it on first
     use), or None where fbgemm is missing."""
     versions = (m.qweight._version, m.scale._version, -1 if m.bias is None else m.bias._version)
     known = _PACKED.get(m)

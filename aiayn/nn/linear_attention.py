@@ -13,7 +13,7 @@ The weighted sum then factors through a running state::
 * Decoding (the recurrent form): each new token adds φ(k) vᵀ to S and φ(k) to z: a state of
   D × (D_v + 1) numbers per head, whatever the length -- no growing cache.
 
-Both forms are one function, :func:`linear_attention`, run with or without a carried state;
+Both forms are one function, ``linear_attention``, run with or without a carried state;
 tests/nn/test_linear_attention.py checks them against each other and against the O(T²)
 formula written out.  A padded position (``keep`` False) adds nothing to the state, so left
 padding changes nothing for the real tokens.
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.errors import UserError
 from aiayn.nn.context import Context
 from aiayn.nn.multihead import SelfAttention
 
@@ -106,13 +107,13 @@ def linear_attention_reference(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 class LinearSelfAttention(SelfAttention):
     """Multi-head causal self-attention with the linear kernel in place of the softmax: the
-    same projections (W^Q, W^K, W^V fused, W^O) and heads as :class:`SelfAttention`, so
+    same projections (W^Q, W^K, W^V fused, W^O) and heads as ``SelfAttention``, so
     parameter counts match; positions that act on q and k (RoPE) apply as usual.  With a
-    cache, the layer keeps a :class:`LinearState` instead of keys and values."""
+    cache, the layer keeps a ``LinearState`` instead of keys and values."""
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         if not ctx.causal:
-            raise ValueError("linear attention is causal self-attention (decoder-only models)")
+            raise UserError("linear attention is causal self-attention (decoder-only models)")
         q, k, v = self.self_qkv(x, ctx)
         keep = ctx.new_token_keep(x.shape[1])  # (B, T) or None
         if ctx.cache is None:

@@ -6,7 +6,7 @@ this materialises (N, V) logits, their log-softmax and their gradient: three N·
 which for a 4,096-token batch over an 8,000-token vocabulary are 131 MB each, more than all
 of a small model's other activations together.
 
-:func:`linear_cross_entropy` walks the rows in chunks.  For each chunk it forms the logits,
+``linear_cross_entropy`` walks the rows in chunks.  For each chunk it forms the logits,
 the loss and -- when gradients are wanted -- the gradient with respect to the logits, which
 it immediately turns into the gradients of ``h`` (N, C) and of ``W`` (V, C); the chunk's
 logits are then dropped.  Peak extra memory is one chunk's logits instead of three full
@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from aiayn.errors import UserError
 
 CHUNK_ROWS = 1024  # rows per chunk: (1024, V) fp32 logits at a time
 
@@ -161,24 +163,24 @@ def linear_cross_entropy(
         A scalar: the mean over the rows that are not ignored (0 if there are none).
     """
     if h.shape[:-1] != targets.shape:
-        raise ValueError(
+        raise UserError(
             f"hidden states {tuple(h.shape)} and targets {tuple(targets.shape)} disagree:"
             " expected targets shaped like the hidden states without their last dimension"
         )
     if weight.dim() != 2 or weight.shape[1] != h.shape[-1]:
-        raise ValueError(
+        raise UserError(
             f"weight must be (V, {h.shape[-1]}) for hidden size {h.shape[-1]}, got {tuple(weight.shape)}"
         )
     if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1)")
+        raise UserError(f"label_smoothing={label_smoothing} must be in [0, 1)")
     if chunk_rows < 1:
-        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
+        raise UserError(f"chunk_rows={chunk_rows} must be >= 1")
     flat_h = h.reshape(-1, h.shape[-1])  # (N, C)
     flat_y = targets.reshape(-1)  # (N,)
     if flat_y.numel() and (flat_y != ignore_index).any():
         valid = flat_y[flat_y != ignore_index]
         if int(valid.min()) < 0 or int(valid.max()) >= weight.shape[0]:
-            raise ValueError(
+            raise UserError(
                 f"targets must lie in [0, {weight.shape[0]}) or equal ignore_index={ignore_index},"
                 f" got values in [{int(valid.min())}, {int(valid.max())}]"
             )

@@ -18,12 +18,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
+
 
 def causal_mask(t: int, s: int | None = None, *, device: torch.device | None = None) -> Tensor:
     """(T, S) bool: query i (absolute position S - T + i) sees keys j <= S - T + i."""
     s = t if s is None else s
     if s < t:
-        raise ValueError(f"causal mask needs at least as many keys as queries, got T={t}, S={s}")
+        raise UserError(f"causal mask needs at least as many keys as queries, got T={t}, S={s}")
     q_pos = torch.arange(s - t, s, device=device)[:, None]  # (T, 1)
     k_pos = torch.arange(s, device=device)[None, :]  # (1, S)
     return k_pos <= q_pos
@@ -34,7 +36,7 @@ def sliding_window_mask(
 ) -> Tensor:
     """(T, S) bool: causal, and query at position p sees keys in (p - window, p]."""
     if window < 1:
-        raise ValueError(f"sliding window must be >= 1, got window={window}")
+        raise UserError(f"sliding window must be >= 1, got window={window}")
     s = t if s is None else s
     q_pos = torch.arange(s - t, s, device=device)[:, None]  # (T, 1)
     k_pos = torch.arange(s, device=device)[None, :]  # (1, S)
@@ -62,24 +64,24 @@ def padding_mask(
 ) -> Tensor:
     """(B, S) bool, True at real tokens, from ``lengths`` (right padding) or ``ids == pad_id``."""
     if (lengths is None) == (ids is None):
-        raise ValueError("padding_mask needs exactly one of lengths= or ids=")
+        raise UserError("padding_mask needs exactly one of lengths= or ids=")
     if ids is not None:
         if pad_id is None:
-            raise ValueError("padding_mask(ids=...) needs pad_id")
+            raise UserError("padding_mask(ids=...) needs pad_id")
         return ids != pad_id
     assert lengths is not None
     if lengths.dim() != 1:
-        raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+        raise UserError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
     s = int(lengths.max()) if max_len is None else max_len
     if int(lengths.max()) > s:
-        raise ValueError(f"a length {int(lengths.max())} exceeds max_len={s}")
+        raise UserError(f"a length {int(lengths.max())} exceeds max_len={s}")
     return torch.arange(s, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def key_padding_to_attention(keep: Tensor) -> Tensor:
     """(B, S) key mask -> (B, 1, 1, S), broadcastable against (B, H, T, S) scores."""
     if keep.dim() != 2 or keep.dtype != torch.bool:
-        raise ValueError(
+        raise UserError(
             f"key padding mask must be bool (B, S), got {keep.dtype} {tuple(keep.shape)}"
         )
     return keep[:, None, None, :]
@@ -92,7 +94,7 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if m is None:
             continue
         if m.dtype != torch.bool:
-            raise ValueError(f"combine() takes boolean masks, got {m.dtype}")
+            raise UserError(f"combine() takes boolean masks, got {m.dtype}")
         out = m if out is None else out & m
     return out
 

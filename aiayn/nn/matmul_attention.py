@@ -12,17 +12,15 @@ and, given dO, the gradients (∘ is the elementwise product; dS is the softmax'
 
 PyTorch's fused CPU attention (the flash-attention algorithm) tiles the sequence and never
 forms P, which is what long sequences need; at the lengths language models train at on a
-CPU its tiling costs more than the O(T·S) memory it saves. Measured on an AMD EPYC with bf16
-units (2 threads, forward and backward, causal): (12, 4, 64, 32) 0.47 ms against 3.2 ms in
-bf16 and 0.73 against 1.29 ms in fp32; (8, 6, 256, 64) 5.3 against 18.7 ms in bf16 and 16.4
-against 19.1 ms in fp32. The autograd graph of the written-out equation
-(aiayn.nn.attention.reference_backend) is slower still: it builds the mask, upcasts and keeps
-more intermediates (22 ms at (8, 6, 256, 64) in bf16).
+CPU its tiling costs more than the O(T·S) memory it saves (``benchmarks/attention.py``
+measures both; docs/performance.md, "The measurements behind the kernels").  The autograd graph of the
+written-out equation (aiayn.nn.attention.reference_backend) is slower still: it builds the
+mask, upcasts and keeps more intermediates.
 
 The five matmuls run in the inputs' dtype; in bf16 the scores are rounded to bf16 before the
 softmax, as every written-out attention under autocast does, and the softmax itself sums in
 fp32.  Its cost is the saved P: B·H·T·S values per layer, so the attention backend uses it
-only up to :func:`max_scores` scores per head (aiayn.nn.attention.sdpa_backend).
+only up to ``max_scores`` scores per head (aiayn.nn.attention.sdpa_backend).
 """
 
 from __future__ import annotations
@@ -32,12 +30,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.errors import UserError
+
 # Scores per head (T·S) up to which training on a CPU takes this kernel.  In bf16 it won at
-# every length measured, in a whole language-model step too (6L-384, context 256, batch 8:
-# 258 against 317 ms); 512 x 512 keeps the saved weights of a (8, 6)-head batch at 25 MB per
-# layer.  In fp32 it won the step at context 64 (4L-128: 19.5 against 21.6 ms) but lost it at
-# 256 (511 against 474 ms: the saved fp32 weights, 12.6 MB a layer, crowd the caches), though
-# alone it was faster there: hence the smaller fp32 limit.
+# every length measured, in a whole language-model step too; 512 x 512 keeps the saved weights
+# of a (8, 6)-head batch at 25 MB per layer.  In fp32 it won the step at context 64 but lost
+# it at 256 (the saved fp32 weights, 12.6 MB a layer, crowd the caches), though alone it was
+# faster there: hence the smaller fp32 limit (docs/performance.md, "The measurements behind the kernels").
 MAX_SCORES_LOW_PRECISION = 512 * 512
 MAX_SCORES_FP32 = 128 * 128
 
@@ -62,7 +61,7 @@ def causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 
 class MatmulAttention(torch.autograd.Function):
     """softmax(Q K^T · scale + bias) V over (..., T, D) inputs, with the backward written out
-    above (saves Q, K, V and P).  ``bias`` is :func:`causal_bias` (T, T), or None."""
+    above (saves Q, K, V and P).  ``bias`` is ``causal_bias`` (T, T), or None."""
 
     @staticmethod
     def forward(
@@ -102,7 +101,7 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale:
     dtype, the same leading axes (no grouped-query broadcast), no mask beyond the causal one
     (which needs T == S)."""
     if is_causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(
+        raise UserError(
             f"causal matmul attention needs T == S, got {q.shape[-2]} and {k.shape[-2]}"
         )
     # The mask is made outside the Function: torch.compile cannot trace the cache's use inside.

@@ -15,7 +15,7 @@ Capacity.  ``capacity_factor`` = None (the default) processes every assignment: 
 ever dropped.  With a factor c, each expert takes at most ceil(c · N · k / E) of the N·k
 assignments per batch, in token order; an assignment over the limit is *not computed*: that
 expert contributes nothing to that token, whose residual connection (and its other experts)
-still carry it.  The number of dropped assignments is reported in :class:`RouterStats` for
+still carry it.  The number of dropped assignments is reported in ``RouterStats`` for
 every forward pass, never silently.
 
 Shapes: N tokens (B·T flattened), C = d_model, E experts, K = top_k.
@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import Activation
+from aiayn.errors import UserError
 from aiayn.nn.feedforward import build_feedforward
 from aiayn.nn.linear import Linear
 
@@ -68,9 +69,9 @@ class MixtureOfExperts(nn.Module):
     ) -> None:
         super().__init__()
         if not 1 <= top_k <= n_experts:
-            raise ValueError(f"top_k={top_k} must be between 1 and n_experts={n_experts}")
+            raise UserError(f"top_k={top_k} must be between 1 and n_experts={n_experts}")
         if capacity_factor is not None and capacity_factor <= 0:
-            raise ValueError(f"capacity_factor={capacity_factor} must be > 0 or None")
+            raise UserError(f"capacity_factor={capacity_factor} must be > 0 or None")
         self.n_experts, self.top_k, self.capacity_factor = n_experts, top_k, capacity_factor
         self.router = Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(

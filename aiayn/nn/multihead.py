@@ -2,15 +2,15 @@
 
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
-:class:`SelfAttention` projects one sequence to queries, keys and values with one fused
+``SelfAttention`` projects one sequence to queries, keys and values with one fused
 matrix ``qkv`` = [W^Q; W^K; W^V] (the layout of ``torch.nn.MultiheadAttention.in_proj_weight``).
-:class:`CrossAttention` (§3.2.3, "encoder-decoder attention") takes queries from the decoder
+``CrossAttention`` (§3.2.3, "encoder-decoder attention") takes queries from the decoder
 and keys and values from the encoder output ``memory``, with ``q`` and a fused ``kv``
-projection.  Both share :class:`MultiHeadAttention`: the split into heads, the output
+projection.  Both share ``MultiHeadAttention``: the split into heads, the output
 projection W^O, the scale, the optional additive score and the recording of weights.
 Beam search decodes K hypotheses of one sentence against the same memory: the memory may
 then hold one row per group of consecutive query rows, and each group's queries are folded
-into one row of K·T queries (:func:`fold_groups`), so the encoder's keys and values are
+into one row of K·T queries (``fold_groups``), so the encoder's keys and values are
 computed, cached and read once per sentence instead of once per beam.
 
 ``n_kv_heads`` < ``n_heads`` gives grouped-query attention (Ainslie et al., 2023); 1 gives
@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn import registry
+from aiayn.errors import UserError
 from aiayn.nn.additive import additive_attention, additive_scores
 from aiayn.nn.attention import AttentionCall, attend, attention_scores
 from aiayn.nn.context import AttentionRecord, Context
@@ -43,7 +44,7 @@ def memory_groups(rows: int, memory_rows: int, memory: str, queries: str) -> int
     the error for any other count."""
     groups = rows // max(memory_rows, 1)
     if groups * memory_rows != rows:
-        raise ValueError(
+        raise UserError(
             f"{memory} has {memory_rows} rows for {rows} {queries} rows: expected as many, or"
             " one per group of equally many rows (beam search)"
         )
@@ -59,14 +60,14 @@ def fold_groups(q: Tensor, rows: int) -> Tensor:
 
 
 def unfold_groups(x: Tensor, groups: int) -> Tensor:
-    """The inverse of :func:`fold_groups`: (R, H, G·T, X) -> (R·G, H, T, X)."""
+    """The inverse of ``fold_groups``: (R, H, G·T, X) -> (R·G, H, T, X)."""
     return x.unflatten(2, (groups, -1)).transpose(1, 2).flatten(0, 1)
 
 
 class MultiHeadAttention(nn.Module):
     """What self- and cross-attention share: H query heads and H_kv key/value heads of size D,
     the output projection W^O, the scale of Eq. (1) and how one call of Eq. (1) is made and
-    recorded (:meth:`attend_heads`).  The subclasses own their input projections.
+    recorded (``attend_heads``).  The subclasses own their input projections.
 
     ``stream`` and ``layer`` say where the module sits (they name its records, and pick its
     layer's KV cache); the block that owns it sets them.
@@ -92,18 +93,18 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_head is None:
             if d_model % n_heads:
-                raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+                raise UserError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
             d_head = d_model // n_heads
         if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+            raise UserError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
         if backend not in registry.names("attention_backend"):
             names = ", ".join(registry.names("attention_backend"))
-            raise ValueError(f"attention_backend={backend!r} is invalid: expected one of {names}")
+            raise UserError(f"attention_backend={backend!r} is invalid: expected one of {names}")
         # Import the backend now: an import inside a forward that torch.compile traces would
         # split its graph (a graph break) for good.
         registry.resolve("attention_backend", backend)
         if score not in ("dot", "additive"):
-            raise ValueError(f"attention score={score!r} is invalid: expected 'dot' or 'additive'")
+            raise UserError(f"attention score={score!r} is invalid: expected 'dot' or 'additive'")
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
         self.attention_dropout = attention_dropout
         self.backend = backend
@@ -197,7 +198,7 @@ class MultiHeadAttention(nn.Module):
     @staticmethod
     def check_input(x: Tensor) -> None:
         if x.dim() != 3:
-            raise ValueError(f"attention input must be (B, T, d_model), got {tuple(x.shape)}")
+            raise UserError(f"attention input must be (B, T, d_model), got {tuple(x.shape)}")
 
 
 class SelfAttention(MultiHeadAttention):
@@ -276,7 +277,7 @@ class CrossAttention(MultiHeadAttention):
         if layer is not None and layer.cross_kv is not None:
             return layer.cross_kv  # computed on the first decoding step
         if ctx.memory is None:
-            raise ValueError("cross-attention needs the encoder output (memory) on its first step")
+            raise UserError("cross-attention needs the encoder output (memory) on its first step")
         kv = self.project_memory(ctx.memory)
         if layer is not None:
             layer.cross_kv = kv
@@ -310,6 +311,6 @@ class CrossAttention(MultiHeadAttention):
 
 def _check_torch_reference(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
     if ours.n_kv_heads != ours.n_heads or ref.num_heads != ours.n_heads:
-        raise ValueError("torch.nn.MultiheadAttention has n_kv_heads == n_heads only")
+        raise UserError("torch.nn.MultiheadAttention has n_kv_heads == n_heads only")
     if ref.in_proj_weight is None or ref.in_proj_bias is None:
-        raise ValueError("torch.nn.MultiheadAttention needs its fused in_proj weight and bias")
+        raise UserError("torch.nn.MultiheadAttention needs its fused in_proj weight and bias")

@@ -6,14 +6,14 @@ quarter of fp32's bytes:
 
     W ≈ s ⊙ Q,   Q = round(W / s) ∈ [-127, 127],   s_o = max_i |W_oi| / 127
 
-so each element is off by at most s_o / 2 (:func:`error_bound`).  Activations stay in
-floating point.  :class:`Int8Linear` is the plain computation -- ``F.linear`` of the
+so each element is off by at most s_o / 2 (``error_bound``).  Activations stay in
+floating point.  ``Int8Linear`` is the plain computation -- ``F.linear`` of the
 dequantized weight, the reference the tests hold the fast kernels to; which int8 kernel runs a
 product on a CPU (fbgemm's dynamic int8 product, inside a decoding block) is chosen in
 aiayn/nn/cpu_kernels.py, like every other kernel.
 
-:func:`quantize` turns a model's linear layers -- attention, feed-forward and the output
-projection -- into :class:`Int8Linear` in place; embeddings and norms keep their precision.
+``quantize`` turns a model's linear layers -- attention, feed-forward and the output
+projection -- into ``Int8Linear`` in place; embeddings and norms keep their precision.
 A model so quantized saves and loads as it is (``config.quantization = "int8"``: the
 checkpoint holds ``qweight`` and ``scale``, not the fp32 weights), so loading it does not
 quantize again (``aiayn convert --quantize int8``).
@@ -98,7 +98,7 @@ class Int8Linear(nn.Module):
 
 
 def quantize(model: nn.Module) -> nn.Module:
-    """Replace every :class:`~aiayn.nn.linear.Linear` of ``model`` by its :class:`Int8Linear`
+    """Replace every ``Linear`` of ``model`` by its ``Int8Linear``
     form, in place (a tied output projection gets an int8 copy; the embedding it shared keeps
     its own weight), and mark a model's config ``quantization="int8"`` so that it saves and
     loads so.  Returns ``model``."""
@@ -110,7 +110,7 @@ def quantize(model: nn.Module) -> nn.Module:
 
 
 def int8_structure(model: nn.Module) -> nn.Module:
-    """``model`` with empty :class:`Int8Linear` layers in place of its linear ones: the shape
+    """``model`` with empty ``Int8Linear`` layers in place of its linear ones: the shape
     a quantized checkpoint's weights are loaded into (nothing is quantized)."""
 
     def empty(child: Linear) -> Int8Linear:
@@ -121,7 +121,7 @@ def int8_structure(model: nn.Module) -> nn.Module:
 
 
 def _replace_linears(model: nn.Module, make: Callable[[Linear], nn.Module]) -> nn.Module:
-    """Every :class:`~aiayn.nn.linear.Linear` of ``model`` replaced by ``make(it)``, in place."""
+    """Every ``Linear`` of ``model`` replaced by ``make(it)``, in place."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Linear):

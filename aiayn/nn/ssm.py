@@ -24,14 +24,14 @@ Around the scan sits Mamba-2's block:
 Two forms compute the scan, and tests/nn/test_ssm.py checks both against the recurrence
 written out position by position:
 
-* Training (:func:`chunked_scan`): the sequence is cut into chunks of Q positions.
+* Training (``chunked_scan``): the sequence is cut into chunks of Q positions.
   Inside a chunk, y = (L ∘ C Bᵀ) (Δ x), where L_ts = exp(Σ_{s<j≤t} Δ_j A) for s ≤ t (0 above
   the diagonal): this is the "attention-like" quadratic form on Q × Q blocks.  Each chunk's
   final state is a matrix product too.  Only the hand-over of the state from chunk to chunk,
   one multiply-add per chunk on a (B, H, P, N) tensor, runs in a loop.  Nothing of size
   T × E × N is ever built, which is what made Mamba-1's per-entry decay slow in plain
   PyTorch: its scan is memory-bound on such tensors.
-* Decoding (:func:`scan_step`): one step of the recurrence, carrying (conv window, h): a fixed
+* Decoding (``scan_step``): one step of the recurrence, carrying (conv window, h): a fixed
   (E + 2N) × (K - 1) + E × N numbers per layer, whatever the length.  No cache grows.
 
 A padded position (``keep`` False) has Δ = 0 and x = 0: the state passes it unchanged.
@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.errors import UserError
 from aiayn.nn.context import Context
 from aiayn.nn.linear import Linear
 
@@ -179,7 +180,7 @@ class SelectiveSSM(nn.Module):
         super().__init__()
         e = expand * d_model
         if e % head_dim:
-            raise ValueError(
+            raise UserError(
                 f"ssm_head_dim={head_dim} must divide the inner width ssm_expand * d_model = {e}"
             )
         self.inner, self.state_size, self.kernel, self.layer = e, state_size, conv, layer
@@ -207,7 +208,7 @@ class SelectiveSSM(nn.Module):
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         if not ctx.causal:
-            raise ValueError("the selective state-space layer is causal (decoder-only models)")
+            raise UserError("the selective state-space layer is causal (decoder-only models)")
         bsz, t, _ = x.shape
         e, n, k, heads, p = self.inner, self.state_size, self.kernel, self.heads, self.head_dim
         keep = ctx.new_token_keep(t)  # (B, T) or None

@@ -1,6 +1,6 @@
 """A static KV cache: every shape fixed when it is made, every position a tensor.
 
-:class:`~aiayn.nn.cache.Cache` grows: a step reads the first ``length`` slots, and ``length``
+``Cache`` grows: a step reads the first ``length`` slots, and ``length``
 is a Python number that changes at every step.  That is right for eager decoding, where each
 step attends over exactly the tokens it has, but a compiled step would meet a new shape (and
 compile again) at every token.  The static cache keeps what changes in tensors instead, as
@@ -20,14 +20,14 @@ the first token to the last, and can be captured once per batch size (aiayn/gene
 A step of T > 1 tokens (the prompt) also gets the causal rule as a mask: query i, written at
 slot ``slot + i``, sees the slots up to its own.
 
-The Python-side count of filled slots (:attr:`length`) is kept by :meth:`reserve`, which the
+The Python-side count of filled slots (``length``) is kept by ``reserve``, which the
 decoding loop calls before each forward pass, outside any captured function: it is the one
 check that the cache has room, with a clear error.  Inside the pass nothing reads a Python
 number that changes from step to step.
 
-:meth:`reorder` (beam search) gathers every layer's rows by a parent index in place, one
+``reorder`` (beam search) gathers every layer's rows by a parent index in place, one
 ``index_select`` and one copy per buffer.  Rolling windows and recurrent layers are left to the
-growing cache; :func:`supports` says whether a model can use this one.
+growing cache; ``supports`` says whether a model can use this one.
 
 Shapes: B batch, H_kv key/value heads, S_max slots, D head size, T new positions.
 """
@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from aiayn.errors import UserError
 
 
 class StaticKV:
@@ -97,7 +99,7 @@ class StaticCache:
         device: torch.device | str | None = None,
     ) -> None:
         if batch < 1 or capacity < 1:
-            raise ValueError(
+            raise UserError(
                 f"a static cache needs batch >= 1 and capacity >= 1, got {batch}, {capacity}"
             )
         shape = (batch, n_kv_heads, capacity, head_dim)  # (B, H_kv, S_max, D)
@@ -128,14 +130,14 @@ class StaticCache:
         """Claim ``t`` more slots before a forward pass of ``t`` tokens per row; the one place
         that checks for room (a captured step reads no changing Python number)."""
         if self.length + t > self.slots:
-            raise ValueError(
+            raise UserError(
                 f"static KV cache is full: {self.length} cached + {t} new positions exceed its"
                 f" capacity of {self.slots}"
             )
         self.length += t
 
     def check_room(self, t: int, max_len: int) -> None:
-        """Nothing to check here: :meth:`reserve` did, and the capacity is at most max_len."""
+        """Nothing to check here: ``reserve`` did, and the capacity is at most max_len."""
 
     def advance(
         self, t: int, keep: Tensor | None, device: torch.device
@@ -179,7 +181,7 @@ class StaticCache:
         """Keep rows ``index`` (B,) in place: beam search's surviving parents.  The batch size
         stays; cross-attention keys and values, one per group of beams, stay as they are."""
         if index.shape[0] != self.batch or memory_index is not None:
-            raise ValueError("a static cache keeps its batch size: reorder by a full (B,) index")
+            raise UserError("a static cache keeps its batch size: reorder by a full (B,) index")
         for layer in self.layers:
             layer.self_kv.reorder(index, self.length)
         self.key_mask.copy_(self.key_mask.index_select(0, index))

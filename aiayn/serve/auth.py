@@ -16,16 +16,17 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from aiayn.errors import RequestError
 from aiayn.serve.errors import error_response
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 def require_api_key(app: FastAPI, key: str) -> None:
-    """Refuse every request but the probes' (:data:`OPEN_PATHS`) that does not carry ``key``
+    """Refuse every request but the probes' (``OPEN_PATHS``) that does not carry ``key``
     as its bearer token."""
     if not key:
-        raise ValueError("api_key is empty: give a non-empty key, or none to serve openly")
+        raise RequestError("api_key is empty: give a non-empty key, or none to serve openly")
     expected = f"Bearer {key}".encode()
 
     @app.middleware("http")

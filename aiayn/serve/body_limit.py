@@ -11,12 +11,14 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from aiayn.errors import RequestError
+
 
 def limit_body(app: Starlette, max_bytes: int, respond: Callable[[int, str], Response]) -> None:
     """Refuse ``app``'s request bodies over ``max_bytes`` (a ValueError names a limit below 1
     byte, when the app is built rather than at its first request)."""
     if max_bytes < 1:
-        raise ValueError(f"max_body={max_bytes}: expected at least 1 byte")
+        raise RequestError(f"max_body={max_bytes}: expected at least 1 byte")
     app.add_middleware(BodyLimit, max_bytes=max_bytes, respond=respond)
 
 

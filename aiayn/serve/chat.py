@@ -24,6 +24,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiayn.data.tokenizer import BPETokenizer
+from aiayn.errors import UserError
 from aiayn.interop.chat_template import ChatTemplateError, chat_ids
 from aiayn.serve.completion import Choice, Completer, SamplingBody, Shared, seeds, usage
 from aiayn.serve.engine import Event
@@ -102,7 +103,7 @@ async def _prompt(body: ChatBody, tokenizer: BPETokenizer, name: str) -> list[in
         return await asyncio.to_thread(chat_ids, tokenizer, messages)
     except ChatTemplateError as err:
         raise APIError(400, f"messages: {err}") from None
-    except ValueError as err:  # no chat template: not a chat model
+    except UserError as err:  # no chat template: not a chat model
         raise APIError(400, f"{name}: {err}") from None
 
 

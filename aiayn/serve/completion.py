@@ -4,7 +4,7 @@ waiting for their tokens -- all at once, or as server-sent events.
 
 One HTTP request is one or more engine requests (its *choices*: ``n`` per prompt, ``best_of``
 drawn to keep ``n``, one set per prompt of a batch).  Their tokens come from the engine's
-thread as :class:`~aiayn.serve.engine.Event` s, tagged with the choice's index, through one
+thread as ``Event`` s, tagged with the choice's index, through one
 asyncio queue.  A client that disconnects cancels them all, and the engine frees their rows at
 the next step: a streaming client when its stream closes, a waiting one when the server looks
 (every quarter second, tokens or not).
@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import UserError
 from aiayn.generate.penalties import Penalties
 from aiayn.generate.sampling import SamplingConfig
 from aiayn.serve.engine import Engine, Event
@@ -128,8 +129,8 @@ class Limits:
 
 
 class Completer:
-    """The engine behind the completion endpoints, with the server's :class:`Limits`.  Text is
-    tokenized on a worker thread (:meth:`encode`): the event loop never waits on a long
+    """The engine behind the completion endpoints, with the server's ``Limits``.  Text is
+    tokenized on a worker thread (``encode``): the event loop never waits on a long
     prompt."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, vocab: int, limits: Limits) -> None:
@@ -148,7 +149,7 @@ class Completer:
         cannot take (a character outside a character-level vocabulary)."""
         try:
             return await asyncio.to_thread(self.tokenizer.encode, text)
-        except ValueError as err:
+        except UserError as err:
             raise APIError(400, f"prompt: {err}") from None
 
     def check(self, ids: list[int], max_tokens: int, top_k: int | None, stop: Any) -> list[str]:

@@ -19,6 +19,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import RequestError, UserError
 from aiayn.generate.cancel import CancelToken
 from aiayn.generate.encoder import embed_ids, encode_texts
 from aiayn.interop.sentence_transformers import Pooling
@@ -54,7 +55,7 @@ class Embedder:
         inputs = _inputs(body)
         try:
             vectors, tokens = await self.jobs.run(lambda token: self._run(inputs, token), http)
-        except ValueError as err:  # an empty or over-long input, named by its number
+        except UserError as err:  # an empty or over-long input, named by its number
             raise APIError(400, f"input: {err}") from None
         data = [
             {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
@@ -70,7 +71,7 @@ class Embedder:
             elif all(isinstance(i, list) for i in inputs):
                 rows = inputs
             else:
-                raise ValueError("give texts or lists of token ids, not both")
+                raise RequestError("give texts or lists of token ids, not both")
             vectors = embed_ids(self.model, rows, pooling=self.pooling, cancel=token)
         return vectors.numpy(), sum(len(r) for r in rows)
 

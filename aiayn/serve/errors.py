@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from aiayn.errors import UserError
 from aiayn.serve.engine import EngineStopped, QueueFull
 
 INTERNAL_ERROR = "internal error: the server's log has the details"
@@ -49,7 +50,7 @@ def documented_errors() -> dict[int | str, dict[str, Any]]:
 
 
 class APIError(Exception):
-    """An error a handler raises; the app turns it into :func:`error_response`."""
+    """An error a handler raises; the app turns it into ``error_response``."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
@@ -68,7 +69,8 @@ def error_response(
 
 def install_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's shape, with the status that says what went wrong: a handler's
-    :class:`APIError`, a 400 for a body that fails validation, a 429 for a full queue, a 503
+    ``APIError``, a 400 for a body that fails validation or a
+    ``UserError`` (a ``RequestError`` above all), a 429 for a full queue, a 503
     for an engine that has stopped."""
 
     @app.exception_handler(APIError)
@@ -87,6 +89,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, err: HTTPException) -> JSONResponse:
         # the exception's headers too: a 405's Allow names the methods the path takes
         return error_response(err.status_code, str(err.detail), headers=err.headers)
+
+    @app.exception_handler(UserError)
+    async def user_error(_: Request, err: UserError) -> JSONResponse:
+        # a request the model cannot take (RequestError), or any other mistake a caller can
+        # make, named in one line; a plain ValueError is a bug and stays a 500
+        return error_response(400, str(err))
 
     @app.exception_handler(QueueFull)
     async def busy(_: Request, err: QueueFull) -> JSONResponse:

@@ -4,7 +4,7 @@ when its client leaves: what the translation and embedding endpoints share.
 A request's job runs on a thread (the event loop stays free), behind a lock, so one runs and
 the others wait.  At most ``max_queue`` wait: with one running, the next beyond that is a 429.
 While a job runs or waits, the server looks every quarter second whether its client is still
-there; a client gone cancels the job's :class:`~aiayn.generate.cancel.CancelToken`, and the
+there; a client gone cancels the job's ``CancelToken``, and the
 decoding loop stops at its next step (or, still waiting, never starts).  The queue counts a job
 until its thread has stopped, so a cancelled job is not replaced before it has let go.
 """

@@ -3,7 +3,7 @@ nothing, so the command line reads them without loading the server).
 
 Every request's work is bounded: its body by ``max_body`` (413 above, refused before it is
 read), its prompt by ``max_prompt_tokens`` and the context, its completion by
-``max_new_tokens``, its stop strings by :data:`MAX_STOPS` and ``max_stop_chars``, its
+``max_new_tokens``, its stop strings by ``MAX_STOPS`` and ``max_stop_chars``, its
 choices (``n`` and ``best_of`` over every prompt of a batch) by ``max_n``.
 """
 

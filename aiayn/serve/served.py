@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
+from aiayn.errors import RequestError
 from aiayn.generate.chat import end_ids
 from aiayn.interop.generation_config import GenerationIds
 from aiayn.interop.sentence_transformers import Pooling
@@ -34,7 +35,7 @@ def eos_id(tokenizer: Tokenizer) -> int | None:
 
 def stop_ids(tokenizer: Tokenizer, generation: GenerationIds) -> tuple[int, ...]:
     """The ids that end a request: the checkpoint's own (generation_config.json's EOS ids, the
-    tokenizer's ``eos_token``), else an end-of-text token found by name (:func:`eos_id`)."""
+    tokenizer's ``eos_token``), else an end-of-text token found by name (``eos_id``)."""
     if isinstance(tokenizer, BPETokenizer):
         named = end_ids(tokenizer, generation)
         if named:
@@ -51,9 +52,9 @@ def shared_context(model_max_len: int, context: int | None, **limits: int | None
         least = 0 if key == "max_queue" else 1
         note = unset if key in ("max_prompt_tokens", "max_new_tokens") else ""
         if value is not None and value < least:
-            raise ValueError(f"{key}={value}: expected at least {least}{note}")
+            raise RequestError(f"{key}={value}: expected at least {least}{note}")
     if context is not None and not 2 <= context <= model_max_len:
-        raise ValueError(f"context={context}: expected 2 to the model's max_len={model_max_len}")
+        raise RequestError(f"context={context}: expected 2 to the model's max_len={model_max_len}")
     return min(model_max_len, context or 4096)
 
 
@@ -92,7 +93,7 @@ def serve_model(
     generation: GenerationIds,
     pooling: Pooling,
 ) -> ServedModel:
-    """``model`` ready to serve, its limits checked (see :func:`aiayn.serve.app.create_app`)."""
+    """``model`` ready to serve, its limits checked (see ``aiayn.serve.app.create_app``)."""
     max_len = shared_context(
         model.config.max_len,
         context,
@@ -165,4 +166,4 @@ def _worker(
         return None, Translator(model, tokenizer, max_queue, generation), None
     if isinstance(model, EncoderLM) and model.config.vision.image_size is None:
         return None, None, Embedder(model, tokenizer, pooling, max_queue)
-    raise ValueError(f"a {type(model).__name__} cannot be served: it does not generate text")
+    raise RequestError(f"a {type(model).__name__} cannot be served: it does not generate text")

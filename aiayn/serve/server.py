@@ -1,5 +1,5 @@
 """The life of ``aiayn serve``'s process: the HTTP server on a thread of its own, the engine
-in the calling (main) thread (see :meth:`Engine.run`), and one orderly stop for both on
+in the calling (main) thread (see ``Engine.run``), and one orderly stop for both on
 Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def run_server(
     """Serve ``app`` (made by ``create_app(..., start_engine=False)``) on ``host``:``port``
     until Ctrl-C or SIGTERM, running its engine in this thread; ``label`` names what is served
     in the line printed once the port is open.  It answers the ``Host`` names of
-    :func:`aiayn.serve.hosts.allowed_hosts` (``allowed_hosts`` added).  An ``OSError`` if the
+    ``aiayn.serve.hosts.allowed_hosts`` (``allowed_hosts`` added).  An ``OSError`` if the
     port cannot be served."""
     check_hosts(app, hosts_for(host, allowed_hosts))
     # On shutdown the engine stops first and every open stream hears an error event and ends,

@@ -9,20 +9,20 @@ is never held by a finished request.
 Two views of the pool feed the model's ordinary forward pass (nothing in the model knows it
 is serving):
 
-* :meth:`SlotPool.row_cache` -- one row as an ordinary :class:`~aiayn.nn.cache.Cache` of batch
+* ``SlotPool.row_cache`` -- one row as an ordinary ``Cache`` of batch
   1, for a request's prefill, chunk by chunk: the keys are written straight into the row.
-* :class:`BatchCache` -- the first ``n`` rows together, for one decoding step of every running
+* ``BatchCache`` -- the first ``n`` rows together, for one decoding step of every running
   request: each row appends its new token at its own length (rows differ), and a key mask
   hides each row's positions past its own length (no mask when the rows are of one length, a
   lone row included).  Attention is ragged: the rows are split into contiguous groups
-  (:func:`ragged_groups`) and each group reads the cache only up to its own longest row, so
+  (``ragged_groups``) and each group reads the cache only up to its own longest row, so
   that a step costs what the rows hold, not n times the longest row.  The engine keeps the
   running rows in the order they started, which is nearly the order of their lengths, so that
   neighbours are alike (aiayn/serve/engine.py).
 
 Running rows are kept at the front (rows 0 .. n-1), so a decoding step reads a view of the
 pool, never a copy: when a request finishes, the running rows after it move up one
-(:meth:`SlotPool.move`), keeping their start order.
+(``SlotPool.move``), keeping their start order.
 
 Shapes: R rows (slots), H_kv key/value heads, S_max capacity, D head size, n running rows.
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aiayn.errors import RequestError
 from aiayn.models import DecoderLM
 from aiayn.nn.cache import Cache, KVCache, LayerCache
 
@@ -40,13 +41,13 @@ def check_servable(model: DecoderLM) -> None:
     """The pool serves decoder-only models whose every layer keeps keys and values in full."""
     c = model.config
     if c.attention.sliding_window is not None:
-        raise ValueError(
+        raise RequestError(
             f"attention.sliding_window={c.attention.sliding_window}: the serving pool keeps"
             " full rows; serve a model without a window, or use `aiayn generate`"
         )
     recurrent = [i for i in range(c.n_layers) if c.mixer_at(i) != "attention"]
     if recurrent:
-        raise ValueError(
+        raise RequestError(
             f"mixer.kind={c.mixer.kind!r}: layers {recurrent} keep a recurrent state, which"
             " the serving pool does not hold yet; use `aiayn generate`"
         )
@@ -60,7 +61,7 @@ class SlotPool:
         c = model.config
         capacity = c.max_len if capacity is None else capacity
         if slots < 1 or not 1 <= capacity <= c.max_len:
-            raise ValueError(
+            raise RequestError(
                 f"a pool needs slots >= 1 (got {slots}) and 1 <= capacity <= max_len={c.max_len}"
                 f" (got {capacity})"
             )
@@ -120,17 +121,17 @@ class _RowsKV(KVCache):
         return self.k[:, :, : self.read], self.v[:, :, : self.read]
 
 
-# One more attention call costs about what reading this many cached positions of one row does:
-# on 2 cores of an Intel Xeon (AMX), PyTorch's fused kernel takes ~17 us for a call on one
-# row of 40 keys and ~0.075 us (fp32) / ~0.04 us (bf16) per further row-position, and a group
-# adds its slices and the concatenation (benchmarks/serve.py --in-process measures the effect).
+# One more attention call costs about what reading this many cached positions of one row does
+# (PyTorch's fused kernel: a fixed cost per call, then a small one per row-position), and a
+# group adds its slices and the concatenation (benchmarks/serve.py --in-process measures the
+# effect; docs/performance.md, "The measurements behind the kernels").
 GROUP_CALL_COST = 300
 
 
 def ragged_groups(keys: list[int]) -> tuple[tuple[int, int, int], ...]:
     """Split rows 0 .. n-1 (in pool order, row i holding ``keys[i]`` keys) into contiguous
     groups ``(a, b, longest)`` that minimise the positions read -- each group reads its rows up
-    to its longest -- plus :data:`GROUP_CALL_COST` per group: dynamic programming over the
+    to its longest -- plus ``GROUP_CALL_COST`` per group: dynamic programming over the
     split points, O(n²).  One group ``((0, n, max(keys)),)`` when that is best."""
     n = len(keys)
     best = [0.0] + [float("inf")] * n  # best[b]: the cheapest split of rows 0 .. b-1
@@ -151,18 +152,18 @@ def ragged_groups(keys: list[int]) -> tuple[tuple[int, int, int], ...]:
 
 
 class BatchCache(Cache):
-    """Rows 0 .. n-1 of a :class:`SlotPool` as the cache of one decoding step: the model's
+    """Rows 0 .. n-1 of a ``SlotPool`` as the cache of one decoding step: the model's
     forward pass on (n, 1) ids appends each row's token at that row's length, and every row
     attends to its own positions only (a key mask over the longest row's length)."""
 
     def __init__(self, pool: SlotPool, n: int) -> None:
         if not 1 <= n <= pool.slots:
-            raise ValueError(f"{n} running rows: the pool has {pool.slots}")
+            raise RequestError(f"{n} running rows: the pool has {pool.slots}")
         self.pool, self.n = pool, n
         self.write = pool.lengths[:n].clone()  # (n,) where each row's new token goes
         longest = int(self.write.max())
         if longest >= pool.capacity:
-            raise ValueError(f"a row is full: {longest} tokens in a pool of {pool.capacity}")
+            raise RequestError(f"a row is full: {longest} tokens in a pool of {pool.capacity}")
         read = longest + 1
         self.even = bool((self.write == longest).all())  # rows of one length: no key mask
         super().__init__(
@@ -178,7 +179,7 @@ class BatchCache(Cache):
     @property
     def row_groups(self) -> tuple[tuple[int, int, int], ...] | None:
         """Contiguous groups of rows whose attention reads only up to the group's longest row
-        (:func:`ragged_groups`); None when the rows are of one length (no key mask)."""
+        (``ragged_groups``); None when the rows are of one length (no key mask)."""
         return self._groups
 
     def advance(
@@ -187,7 +188,7 @@ class BatchCache(Cache):
         """Positions and key mask of the step: row i's token sits at position write[i] and
         sees keys 0 .. write[i]."""
         if t != 1 or keep is not None:
-            raise ValueError("a batch of pool rows decodes one real token per row and step")
+            raise RequestError("a batch of pool rows decodes one real token per row and step")
         keys = torch.arange(self.read, device=device)  # (S,)
         key_mask = None if self.even else keys[None] <= self.write[:, None]  # (n, S)
         self.pool.lengths[: self.n] += 1

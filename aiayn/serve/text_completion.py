@@ -66,7 +66,7 @@ def _check(body: CompletionBody, prompts: int, completer: Completer) -> None:
 
 async def prompts_of(prompt: Any, completer: Completer) -> list[list[int]]:
     """The request's prompts as token ids: text is tokenized off the event loop, ids are
-    taken as they are (and checked by :meth:`Completer.check`)."""
+    taken as they are (and checked by ``Completer.check``)."""
     one = isinstance(prompt, str) or isinstance(prompt[0], int)
     prompts: list[Any] = [prompt] if one else list(prompt)
     return [p if isinstance(p, list) else await completer.encode(p) for p in prompts]

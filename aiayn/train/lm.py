@@ -17,6 +17,7 @@ from aiayn.data.lm_data import TokenStream
 from aiayn.data.preprocess import tokenizer_digest
 from aiayn.data.shards import TOKENIZER_FILE, open_text
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
+from aiayn.errors import UserError
 from aiayn.evaluate.perplexity import evaluate_lm, lm_loss
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.context import Record
@@ -108,12 +109,16 @@ class TextShards:
 
     def stream(self, tokenizer: Tokenizer) -> TokenStream:
         if tokenizer_digest(tokenizer) != self.header["tokenizer_sha256"]:
-            raise ValueError(
+            raise UserError(
                 f"the shards in {self.folder} were made with another tokenizer than this run's:"
                 " preprocess the text again with the run's tokenizer (--tokenizer)"
             )
-        stream = TokenStream(self.mapped.array, train_fraction=self.run.data.train_fraction,
-                             seed=self.run.train.seed, mapped=self.mapped)  # fmt: skip
+        stream = TokenStream(
+            self.mapped.array,
+            train_fraction=self.run.data.train_fraction,
+            seed=self.run.train.seed,
+            mapped=self.mapped,
+        )
         stream.require(self.run.train.block_size)
         return stream
 
@@ -134,13 +139,13 @@ def initial_model(run: RunConfig, block_size: int) -> tuple[TransformerModel, To
 
     assert run.init_from is not None
     if block_size > run.model.max_len:
-        raise ValueError(
+        raise UserError(
             f"train.block_size={block_size}: {run.init_from} has positions for at most"
             f" {run.model.max_len} tokens"
         )
     bundle = load(run.init_from)
     if bundle.model.config.quantization is not None:
-        raise ValueError(
+        raise UserError(
             f"[model] init_from={run.init_from} holds int8 weights, which do not train: start"
             " from the fp32 checkpoint it was quantized from"
         )

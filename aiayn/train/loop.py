@@ -1,9 +1,9 @@
 """The training loop, shared by every task; it knows nothing about what the model is.
 
-A :class:`~aiayn.train.task.Task` supplies batches, the loss of a batch, a validation loss and
-its data position.  The loop puts the pieces together: :func:`open_run` checks and repairs the
-run folder and loads what a resumed run continues from; a :class:`Trainer` (built and run
-by :func:`fit`) runs the steps (aiayn/train/step.py), logs them (aiayn/train/logger.py), and
+A ``Task`` supplies batches, the loss of a batch, a validation loss and
+its data position.  The loop puts the pieces together: ``open_run`` checks and repairs the
+run folder and loads what a resumed run continues from; a ``Trainer`` (built and run
+by ``fit``) runs the steps (aiayn/train/step.py), logs them (aiayn/train/logger.py), and
 writes checkpoints and snapshots when aiayn/train/policy.py says so, into the run folder of
 aiayn/checkpoint/run_dir.py.  A run killed at any instant and resumed continues with the same
 batches, dropout masks and learning rates as one that never stopped, and ends with the same
@@ -43,7 +43,7 @@ from aiayn.checkpoint.sharded import load_sharded
 from aiayn.config import ModelConfig, differing_fields
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
-from aiayn.errors import NonFiniteLoss, TrainingInterrupted
+from aiayn.errors import NonFiniteLoss, TrainingInterrupted, UserError
 from aiayn.models import DecoderLM, EncoderLM, TransformerModel
 from aiayn.nn import cpu_kernels
 from aiayn.train.config import RunConfig, TrainConfig
@@ -110,7 +110,7 @@ def open_run(
     rd = RunDir(out_dir)
     rank, world = world_info()
     if not resume and rd.holds_run() and not overwrite:
-        raise ValueError(
+        raise UserError(
             f"{rd.root} already holds a run (its checkpoint, snapshots or log.csv): continue"
             " it with --resume, or start again with --overwrite"
         )
@@ -130,7 +130,7 @@ def open_run(
             if rd.holds_run()
             else "start without --resume"
         )
-        raise ValueError(f"nothing to resume in {rd.root}: it holds no checkpoint ({hint})")
+        raise UserError(f"nothing to resume in {rd.root}: it holds no checkpoint ({hint})")
     # A sharded run's weights are read by `fit` from its shards, each process its own part,
     # once the model is sharded: nothing here reads the whole model (rd.load(weights=False)).
     bundle, state = rd.load(weights=False)
@@ -142,9 +142,13 @@ def _last_val(history: list[dict[str, float]]) -> float:
 
 
 def _linear_kernel(
-    tc: TrainConfig, state: TrainState | None, rows: int | None, d: int, cpu_fp32: bool,
+    tc: TrainConfig,
+    state: TrainState | None,
+    rows: int | None,
+    d: int,
+    cpu_fp32: bool,
     logger: RunLogger,
-) -> dict[str, str]:  # fmt: skip
+) -> dict[str, str]:
     """The run's kernel choices: a resumed run keeps its own; a new one takes
     ``train.linear_kernel``, or with "auto" times oneDNN against MKL on the task's shapes
     (fp32 on a CPU) and keeps oneDNN only where it is clearly faster."""
@@ -162,7 +166,7 @@ class Trainer:
     scaler, step, checkpoint policy, logger, run folder) and how far it has got.
 
     Building it puts the model on its device and wraps it, makes its optimizer, puts back a
-    resumed run's state, opens the log and chooses the kernels, in that order; :meth:`run`
+    resumed run's state, opens the log and chooses the kernels, in that order; ``run``
     trains from ``start`` to ``end``."""
 
     def __init__(
@@ -186,9 +190,12 @@ class Trainer:
         model.to(self.device)
         wrapped = wrap(model, tc.parallel, self.device, self.world)
         self.optimizer = build_adamw(
-            model, lr=tc.lr, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2),
+            model,
+            lr=tc.lr,
+            weight_decay=tc.weight_decay,
+            betas=(tc.beta1, tc.beta2),
             eps=tc.adam_eps,
-        )  # fmt: skip
+        )
         self.scaler = torch.amp.GradScaler(self.device.type) if dtype == torch.float16 else None
         if state is not None:
             self.restore(state)
@@ -200,9 +207,13 @@ class Trainer:
         self.run_dict = run.to_dict() | {"model": model.config.to_dict()}
         self.end = tc.max_steps if stop_after is None else min(tc.max_steps, stop_after)
         self.logger = RunLogger(
-            rd.log, start=self.start, end=self.end, total=tc.max_steps,
-            enabled=self.rank == 0, progress=progress,
-        )  # fmt: skip
+            rd.log,
+            start=self.start,
+            end=self.end,
+            total=tc.max_steps,
+            enabled=self.rank == 0,
+            progress=progress,
+        )
         if dtype != torch.float32 or self.device.type != "cpu":
             self.logger.note(
                 f"training on {self.device} in {str(dtype).removeprefix('torch.')} autocast"
@@ -342,11 +353,16 @@ class Trainer:
     def _train_state(self, moments: dict[str, Any]) -> TrainState:
         scaler, cuda = self.scaler, self.device.type == "cuda"
         return TrainState(
-            self.done, moments, torch.get_rng_state(), self.task.data_state(), self.history,
+            self.done,
+            moments,
+            torch.get_rng_state(),
+            self.task.data_state(),
+            self.history,
             scaler={} if scaler is None else scaler.state_dict(),
             cuda_rng=torch.cuda.get_rng_state_all() if cuda else [],
-            kernels=self.kernels, sharded=self.sharded,
-        )  # fmt: skip
+            kernels=self.kernels,
+            sharded=self.sharded,
+        )
 
     def checkpoint(self) -> None:
         """Write the checkpoint of step ``done``: every rank its own shard, or rank 0 the
@@ -397,25 +413,45 @@ def fit(
     progress: bool = True,
 ) -> FitResult:
     """Train ``model`` from ``state`` (or from scratch) to ``run.train.max_steps``, or to step
-    ``stop_after`` (a planned interruption, for tests and benchmarks): a :class:`Trainer`'s
+    ``stop_after`` (a planned interruption, for tests and benchmarks): a ``Trainer``'s
     run, or at once the result of a resumed run that had already reached ``max_steps``."""
     start, history = (0, []) if state is None else (state.step, state.history)
     if start >= run.train.max_steps:
         return FitResult(
-            start, run.train.max_steps, _last_val(history), history, rd.pointer, 0.0, 0.0,
-            peak_rss_mib(), already_complete=True,
-        )  # fmt: skip
+            start,
+            run.train.max_steps,
+            _last_val(history),
+            history,
+            rd.pointer,
+            0.0,
+            0.0,
+            peak_rss_mib(),
+            already_complete=True,
+        )
     trainer = Trainer(
-        model, task, run, rd, tokenizer=tokenizer, state=state, stop_after=stop_after,
+        model,
+        task,
+        run,
+        rd,
+        tokenizer=tokenizer,
+        state=state,
+        stop_after=stop_after,
         progress=progress,
-    )  # fmt: skip
+    )
     return trainer.run()
 
 
 # Set by each task from its data (the tokenizer's vocabulary, the images' size, the context
 # a block needs), not taken from [model] as written: a resumed run does not compare them.
-FROM_DATA = ("vocab_size", "src_vocab_size", "pad_id", "max_len", "vision.image_size",
-             "vision.channels", "vision.n_classes")  # fmt: skip
+FROM_DATA = (
+    "vocab_size",
+    "src_vocab_size",
+    "pad_id",
+    "max_len",
+    "vision.image_size",
+    "vision.channels",
+    "vision.n_classes",
+)
 
 
 def _check_same_model(wanted: ModelConfig, saved: ModelConfig, root: Path) -> None:
@@ -431,7 +467,7 @@ def _check_same_model(wanted: ModelConfig, saved: ModelConfig, root: Path) -> No
     if wanted.max_len > saved.max_len:
         differ.append(f"max_len={wanted.max_len} (the checkpoint has {saved.max_len})")
     if differ:
-        raise ValueError(
+        raise UserError(
             f"--resume continues the model in {root}, but [model] asks for another:"
             f" {', '.join(differ)}; start a new run (another --out, or --overwrite)"
         )
@@ -452,13 +488,13 @@ def train_run(
     """The skeleton every task shares: open (or resume) the run, build the model and
     tokenizer if new, make the task, fit."""
     if run.init_from is not None and model_type not in (DecoderLM, EncoderLM):
-        raise ValueError(
+        raise UserError(
             f"[model] init_from: starting from a checkpoint is built for language models"
             f" (decoder-only, and encoders' masked-LM training); this run trains a"
             f" {model_type.__name__} (train it from scratch)"
         )
     if run.model.quantization is not None:
-        raise ValueError(
+        raise UserError(
             f"model.quantization={run.model.quantization!r}: int8 weights are for decoding and"
             " do not train; train (or fine-tune) the fp32 model, then aiayn convert --quantize"
         )
@@ -468,7 +504,7 @@ def train_run(
         if resumed is not None:
             model, tokenizer, state = resumed
             if not isinstance(model, model_type):
-                raise ValueError(
+                raise UserError(
                     f"{rd.latest()} holds a {type(model).__name__}; this run trains a"
                     f" {model_type.__name__}"
                 )
@@ -477,7 +513,7 @@ def train_run(
             torch.manual_seed(run.train.seed)
             model, tokenizer = build()
             if not isinstance(model, model_type):
-                raise ValueError(
+                raise UserError(
                     f"arch={model.config.arch!r} builds a {type(model).__name__}; this task"
                     f" trains a {model_type.__name__}"
                 )

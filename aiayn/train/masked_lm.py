@@ -22,6 +22,7 @@ import torch
 
 from aiayn.data.lm_data import TokenStream
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
+from aiayn.errors import UserError
 from aiayn.generate.encoder import mask_id
 from aiayn.models import EncoderLM, TransformerModel
 from aiayn.nn.context import Record
@@ -59,9 +60,16 @@ class MaskedLMTask:
     """Random windows of one token stream, corrupted as BERT's pre-training corrupts them."""
 
     def __init__(
-        self, stream: TokenStream, tokenizer: BPETokenizer, *, vocab_size: int, batch_size: int,
-        block: int, eval_batches: int, seed: int,
-    ) -> None:  # fmt: skip
+        self,
+        stream: TokenStream,
+        tokenizer: BPETokenizer,
+        *,
+        vocab_size: int,
+        batch_size: int,
+        block: int,
+        eval_batches: int,
+        seed: int,
+    ) -> None:
         self.stream, self.batch_size, self.block = stream, batch_size, block
         self.eval_batches, self.seed, self.vocab_size = eval_batches, seed, vocab_size
         self.mask = mask_id(tokenizer)
@@ -74,8 +82,13 @@ class MaskedLMTask:
         return self.batch_size * self.block
 
     def _corrupt(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-        return mask_tokens(ids, mask=self.mask, vocab_size=self.vocab_size,
-                           special=self.special, generator=generator)  # fmt: skip
+        return mask_tokens(
+            ids,
+            mask=self.mask,
+            vocab_size=self.vocab_size,
+            special=self.special,
+            generator=generator,
+        )
 
     def next_batches(self, n: int, rank: int, world: int) -> list[Any]:
         every = []
@@ -126,7 +139,7 @@ def train_masked_lm(
 ) -> FitResult:
     """Continue an encoder's masked-LM training on ``[data] text`` (module docstring)."""
     if run.init_from is None:
-        raise ValueError(
+        raise UserError(
             "an encoder's masked-LM run starts from a checkpoint: set [model] init_from to a"
             " BERT-family folder (its tokenizer has the [MASK] token, its model the MLM head)"
         )
@@ -136,17 +149,23 @@ def train_masked_lm(
     def build() -> tuple[TransformerModel, Tokenizer]:
         model, tokenizer = initial_model(run, tc.block_size)
         if not isinstance(model, EncoderLM) or model.head is None:
-            raise ValueError(f"{run.init_from} has no masked-LM head: it cannot be trained so")
+            raise UserError(f"{run.init_from} has no masked-LM head: it cannot be trained so")
         if not isinstance(tokenizer, BPETokenizer):
-            raise ValueError(f"{run.init_from}'s tokenizer has no [MASK] token")
+            raise UserError(f"{run.init_from}'s tokenizer has no [MASK] token")
         return model, tokenizer
 
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> MaskedLMTask:
         assert isinstance(tokenizer, BPETokenizer)
         stream = corpus.stream(tokenizer)
-        return MaskedLMTask(stream, tokenizer, vocab_size=model.config.vocab_size,
-                            batch_size=tc.batch_size, block=tc.block_size,
-                            eval_batches=tc.eval_batches, seed=tc.seed)  # fmt: skip
+        return MaskedLMTask(
+            stream,
+            tokenizer,
+            vocab_size=model.config.vocab_size,
+            batch_size=tc.batch_size,
+            block=tc.block_size,
+            eval_batches=tc.eval_batches,
+            seed=tc.seed,
+        )
 
     result, _ = train_run(
         run,

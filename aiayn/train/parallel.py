@@ -134,7 +134,7 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
 def load_optimizer_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
-    """Restore what :func:`optimizer_state` saved, whatever the process count or strategy."""
+    """Restore what ``optimizer_state`` saved, whatever the process count or strategy."""
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

@@ -1,9 +1,9 @@
 """Learning-rate schedules, as multipliers of the step number (1-based).
 
-* :func:`paper_schedule` -- §5.3, Eq. (3):
+* ``paper_schedule`` -- §5.3, Eq. (3):
   ``lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)``: linear warm-up, then decay
   with the inverse square root of the step.
-* :func:`cosine_schedule` -- linear warm-up to ``lr``, then cosine decay to ``min_lr`` at
+* ``cosine_schedule`` -- linear warm-up to ``lr``, then cosine decay to ``min_lr`` at
   ``total`` steps (Loshchilov & Hutter, 2017; the GPT-3 / nanoGPT recipe).
 """
 

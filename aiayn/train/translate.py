@@ -30,6 +30,7 @@ from aiayn.data.shards import (
     token_dtype,
 )
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer, load_tokenizer
+from aiayn.errors import UserError
 from aiayn.evaluate.perplexity import translation_loss
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.context import Record
@@ -64,7 +65,7 @@ def collate(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.
 def collate_split(
     split: ParallelSplit, indices: np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`collate` of the pairs at ``indices``, read from their token sequences."""
+    """``collate`` of the pairs at ``indices``, read from their token sequences."""
     src = padded(split.source.rows(indices), PAD, suffix=EOS)  # (B, S)
     tgt = padded(split.target.rows(indices), PAD, prefix=BOS, suffix=EOS)  # (B, T + 1)
     return src, tgt[:, :-1], tgt[:, 1:]
@@ -107,9 +108,9 @@ class TranslationTask:
         seed: int,
     ) -> None:
         if not len(train):
-            raise ValueError("no training pairs")
+            raise UserError("no training pairs")
         if not len(valid):
-            raise ValueError("no validation pairs")
+            raise UserError("no validation pairs")
         self.train, self.valid = train, valid
         self.lengths = pair_lengths(train)
         self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
@@ -180,7 +181,7 @@ class PlainFiles:
                     side, n = (
                         ("source", len(s) + 1) if len(s) + 1 > max_len else ("target", len(t) + 2)
                     )
-                    raise ValueError(
+                    raise UserError(
                         f"the {name} pair at line {p.line} has a {side} sentence of {n}"
                         f" tokens, more than the model's max_len={max_len}: raise"
                         " model.max_len, or drop such pairs"
@@ -200,26 +201,26 @@ class TokenShards:
         self.header, self.mapped = open_parallel(folder)
         for split in ("train", "valid"):
             if split not in self.mapped:
-                raise ValueError(f"{folder} has no {split} split: make it with aiayn preprocess")
+                raise UserError(f"{folder} has no {split} split: make it with aiayn preprocess")
 
     def tokenizer(self) -> BPETokenizer:
         tok = load_tokenizer(self.folder / TOKENIZER_FILE)
         if not isinstance(tok, BPETokenizer):
-            raise ValueError(f"{self.folder}: a translation run needs a BPE tokenizer")
+            raise UserError(f"{self.folder}: a translation run needs a BPE tokenizer")
         return tok
 
     def splits(self, tokenizer: BPETokenizer, max_len: int) -> tuple[ParallelSplit, ParallelSplit]:
         """The mapped splits, checked against the run: made by ``tokenizer`` (a resumed run's
         own) and no pair over ``max_len`` tokens."""
         if tokenizer_digest(tokenizer) != self.header["tokenizer_sha256"]:
-            raise ValueError(
+            raise UserError(
                 f"the shards in {self.folder} were made with another tokenizer than this run's:"
                 " preprocess again with the run's tokenizer, or start a new run"
             )
         for split, info in self.header["splits"].items():
             longest = max(info["source"]["longest"] + 1, info["target"]["longest"] + 2)
             if longest > max_len:
-                raise ValueError(
+                raise UserError(
                     f"the {split} shards in {self.folder} hold a pair of {longest} tokens (with"
                     f" BOS/EOS), more than the model's max_len={max_len}: raise model.max_len,"
                     f" or preprocess with --max-len {max_len}"
@@ -257,7 +258,7 @@ def train_translation(
 
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> TranslationTask:
         if not isinstance(tokenizer, BPETokenizer):
-            raise ValueError("a translation checkpoint needs a BPE tokenizer")
+            raise UserError("a translation checkpoint needs a BPE tokenizer")
         train, valid = data.splits(tokenizer, model.config.max_len)
         return TranslationTask(
             train,

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from aiayn.data.images import ImageSplit, load_split
 from aiayn.data.tokenizer import LabelTokenizer, Tokenizer
+from aiayn.errors import UserError
 from aiayn.models import TransformerModel, build_model
 from aiayn.models.vision import VisionTransformer
 from aiayn.nn.context import Record
@@ -102,7 +103,7 @@ def train_vision(
     split = split_for(run)
     c, h, w = split.image_shape
     if h != w:
-        raise ValueError(f"{run.data.images} images are {h} x {w}: square images only")
+        raise UserError(f"{run.data.images} images are {h} x {w}: square images only")
 
     def build() -> tuple[TransformerModel, Tokenizer]:
         images = {"image_size": h, "channels": c, "n_classes": len(split.labels)}
@@ -112,12 +113,16 @@ def train_vision(
     def make_task(model: TransformerModel, tokenizer: Tokenizer) -> ImageTask:
         v = model.config.vision
         if v.image_size != h or v.channels != c:
-            raise ValueError(
+            raise UserError(
                 f"the model reads {v.channels} x {v.image_size}² images;"
                 f" {run.data.images} has {c} x {h}²"
             )
-        return ImageTask(split, batch_size=run.train.batch_size, seed=run.train.seed,
-                         label_smoothing=run.train.label_smoothing)  # fmt: skip
+        return ImageTask(
+            split,
+            batch_size=run.train.batch_size,
+            seed=run.train.seed,
+            label_smoothing=run.train.label_smoothing,
+        )
 
     result, _ = train_run(
         run,

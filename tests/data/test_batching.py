@@ -15,18 +15,23 @@ def test_batch_shapes_walk_the_epochs_a_run_draws() -> None:
     lengths = [(int(a), int(b)) for a, b in torch.randint(1, 30, (50, 2), generator=g)]
     epochs = [token_batches(lengths, 120, seed=3, epoch=e) for e in (0, 1)]
     want = [
-        (len(b), max(lengths[i][0] for i in b), max(lengths[i][1] for i in b),
-         sum(lengths[i][1] for i in b))
+        (
+            len(b),
+            max(lengths[i][0] for i in b),
+            max(lengths[i][1] for i in b),
+            sum(lengths[i][1] for i in b),
+        )
         for b in epochs[0] + epochs[1]
-    ]  # fmt: skip
+    ]
     n = len(epochs[0]) + 2
     assert list(batch_shapes(lengths, 120, seed=3, batches=n)) == want[:n]
     with pytest.raises(ValueError, match="empty"):
         list(batch_shapes([], 120, seed=3, batches=1))
 
 
-def greedy_batches(lengths: list[tuple[int, int]], max_tokens: int, seed: int, epoch: int,
-                   shuffle: bool) -> list[list[int]]:  # fmt: skip
+def greedy_batches(
+    lengths: list[tuple[int, int]], max_tokens: int, seed: int, epoch: int, shuffle: bool
+) -> list[list[int]]:
     """The batching rule written out, one sentence at a time (the oracle): sort by (source,
     target, a random tie), grow a batch while its size times its longest side fits."""
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)

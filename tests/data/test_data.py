@@ -40,8 +40,11 @@ def test_lines_split_at_newlines_only(tmp_path: Path) -> None:
     )
     (tmp_path / "a.en").write_text("A dog.\nTwo cats.\nThree\x85birds.", encoding="utf-8")
     pairs = [(p.source, p.target) for p in read_parallel(tmp_path / "a.de", tmp_path / "a.en")]
-    assert pairs == [("Ein\u2028Hund.", "A dog."), ("Zwei Katzen.", "Two cats."),
-                     ("Drei\x0cVögel.", "Three\x85birds.")]  # fmt: skip
+    assert pairs == [
+        ("Ein\u2028Hund.", "A dog."),
+        ("Zwei Katzen.", "Two cats."),
+        ("Drei\x0cVögel.", "Three\x85birds."),
+    ]
     assert split_lines("a\n\nb\n") == ["a", "", "b"] and split_lines("a") == ["a"]
 
 

@@ -136,8 +136,12 @@ def test_the_wmt14_recipe_joins_the_corpora_and_the_test_sets(server: str, tmp_p
     sets: train.{en,de} hold the corpora in order, a second run takes everything from the
     cache and the finished files."""
     corpora = []
-    for i, (en, de) in enumerate([("training/europarl-v7.de-en.en", "training/europarl-v7.de-en.de"),
-                                  ("commoncrawl.de-en.en", "commoncrawl.de-en.de")]):  # fmt: skip
+    for i, (en, de) in enumerate(
+        [
+            ("training/europarl-v7.de-en.en", "training/europarl-v7.de-en.de"),
+            ("commoncrawl.de-en.en", "commoncrawl.de-en.de"),
+        ]
+    ):
         body = tgz({en: f"hello {i}\nworld {i}\n".encode(), de: f"hallo {i}\nwelt {i}".encode()})
         corpora.append(Corpus(remote(server, f"c{i}.tgz", body), en, de))
     tests = tmp_path / "tests"
@@ -151,21 +155,27 @@ def test_the_wmt14_recipe_joins_the_corpora_and_the_test_sets(server: str, tmp_p
         return str(tests / f"{test_set}.en"), str(tests / f"{test_set}.de")
 
     out, cache = tmp_path / "wmt14", tmp_path / "cache"
-    counts = prepare_wmt14_en_de(out, cache=cache, corpora=corpora, eval_files=eval_files,
-                                 log=lambda _: None)  # fmt: skip
+    counts = prepare_wmt14_en_de(
+        out, cache=cache, corpora=corpora, eval_files=eval_files, log=lambda _: None
+    )
     assert counts == {"train": 4, "valid": 1, "test": 1}
     assert (out / "train.en").read_text() == "hello 0\nworld 0\nhello 1\nworld 1\n"
     assert (out / "train.de").read_text() == "hallo 0\nwelt 0\nhallo 1\nwelt 1\n"
     assert (out / "test.de").read_text() == "wmt14 reference\n"
     Handler.files.clear()
-    assert prepare_wmt14_en_de(out, cache=cache, corpora=corpora, eval_files=eval_files,
-                               log=lambda _: None) == counts  # fmt: skip
+    assert (
+        prepare_wmt14_en_de(
+            out, cache=cache, corpora=corpora, eval_files=eval_files, log=lambda _: None
+        )
+        == counts
+    )
     bad = Corpus(
         remote(server, "bad.tgz", tgz({"x.en": b"a\nb\n", "x.de": b"a\n"})), "x.en", "x.de"
     )
     with pytest.raises(ValueError, match="bad.tgz: 2 English lines but 1 German"):
-        prepare_wmt14_en_de(tmp_path / "o2", cache=cache, corpora=[bad], eval_files=eval_files,
-                            log=lambda _: None)  # fmt: skip
+        prepare_wmt14_en_de(
+            tmp_path / "o2", cache=cache, corpora=[bad], eval_files=eval_files, log=lambda _: None
+        )
 
 
 def test_joined_and_extracted_files_reach_the_disk_before_their_name(

@@ -36,9 +36,14 @@ def test_multi30k_shards_hold_what_training_from_the_files_encodes(
     streamed files equals the one trained from the lists, and every pair's ids are equal."""
     out = tmp_path / "shards"
     result = preprocess_parallel(
-        [multi30k_pairs(data_root, "train")], [multi30k_pairs(data_root, "val")], out,
-        vocab_size=8000, max_len=256, workers=2, log=lambda _: None,
-    )  # fmt: skip
+        [multi30k_pairs(data_root, "train")],
+        [multi30k_pairs(data_root, "val")],
+        out,
+        vocab_size=8000,
+        max_len=256,
+        workers=2,
+        log=lambda _: None,
+    )
     run = load_run_config(ROOT / "configs/multi30k_de_en.toml", {})
     files = PlainFiles(run, data_root)
     tokenizer = files.tokenizer()
@@ -85,20 +90,40 @@ GOOD = [(b"ein hund l\xc3\xa4uft", b"a dog runs"), (b"zwei katzen", b"two cats")
 
 
 def test_bad_lines_are_left_out_and_named_by_file_and_line(tmp_path: Path) -> None:
-    bad = [(b"kaputt \xff\xfe", b"broken"), (b"", b"only english"), (b"", b""),
-           (b"lang " * 60, b"long"), (b"ok", b"")]  # fmt: skip
+    bad = [
+        (b"kaputt \xff\xfe", b"broken"),
+        (b"", b"only english"),
+        (b"", b""),
+        (b"lang " * 60, b"long"),
+        (b"ok", b""),
+    ]
     src = [*GOOD[:3], *bad, *GOOD[3:]]
-    train = PairFiles(write(tmp_path / "t.de.xz", [s for s, _ in src]),
-                      write(tmp_path / "t.en", [t for _, t in src]))  # fmt: skip
-    valid = PairFiles(write(tmp_path / "v.de.gz", [s for s, _ in GOOD[:4]]),
-                      write(tmp_path / "v.en.gz", [t for _, t in GOOD[:4]]))  # fmt: skip
-    result = preprocess_parallel([train], [valid], tmp_path / "out", vocab_size=300, max_len=40,
-                                 workers=1, chunk=4, log=lambda _: None)  # fmt: skip
+    train = PairFiles(
+        write(tmp_path / "t.de.xz", [s for s, _ in src]),
+        write(tmp_path / "t.en", [t for _, t in src]),
+    )
+    valid = PairFiles(
+        write(tmp_path / "v.de.gz", [s for s, _ in GOOD[:4]]),
+        write(tmp_path / "v.en.gz", [t for _, t in GOOD[:4]]),
+    )
+    result = preprocess_parallel(
+        [train],
+        [valid],
+        tmp_path / "out",
+        vocab_size=300,
+        max_len=40,
+        workers=1,
+        chunk=4,
+        log=lambda _: None,
+    )
     bad = result.header["bad_lines"]
     assert bad["counts"] == {"not UTF-8": 1, "empty on one side": 2, "over max_len": 1}
     named = [(Path(b["file"]).name, b["line"], b["reason"].split(":")[0]) for b in bad["first"]]
-    assert named[:3] == [("t.de.xz", 4, "not UTF-8"), ("t.de.xz", 5, "empty on one side"),
-                         ("t.de.xz", 7, named[2][2])]  # fmt: skip
+    assert named[:3] == [
+        ("t.de.xz", 4, "not UTF-8"),
+        ("t.de.xz", 5, "empty on one side"),
+        ("t.de.xz", 7, named[2][2]),
+    ]
     assert "over max_len=40" in bad["first"][2]["reason"] and named[3] == (
         "t.en",
         8,
@@ -116,12 +141,25 @@ def test_files_of_unequal_length_and_missing_files_are_named(tmp_path: Path) -> 
     a = write(tmp_path / "a.de", [b"eins", b"zwei"])
     b = write(tmp_path / "a.en", [b"one"])
     with pytest.raises(ValueError, match=r"a.en has 1 lines, .*a.de has more"):
-        preprocess_parallel([PairFiles(a, b)], [PairFiles(a, a)], tmp_path / "o", vocab_size=300,
-                            max_len=None, workers=1, log=lambda _: None)  # fmt: skip
+        preprocess_parallel(
+            [PairFiles(a, b)],
+            [PairFiles(a, a)],
+            tmp_path / "o",
+            vocab_size=300,
+            max_len=None,
+            workers=1,
+            log=lambda _: None,
+        )
     with pytest.raises(ValueError, match="nope.de does not exist"):
-        preprocess_parallel([PairFiles(tmp_path / "nope.de", b)], [PairFiles(a, a)],
-                            tmp_path / "o", vocab_size=300, max_len=None, workers=1,
-                            log=lambda _: None)  # fmt: skip
+        preprocess_parallel(
+            [PairFiles(tmp_path / "nope.de", b)],
+            [PairFiles(a, a)],
+            tmp_path / "o",
+            vocab_size=300,
+            max_len=None,
+            workers=1,
+            log=lambda _: None,
+        )
     assert not (tmp_path / "o").exists()
 
 
@@ -163,15 +201,23 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shards of :func:`write_good`'s files, by a run with two workers, never killed."""
     tmp = tmp_path_factory.mktemp("clean")
     write_good(tmp)
-    preprocess_parallel([PairFiles(tmp / "t.de", tmp / "t.en")],
-                        [PairFiles(tmp / "v.de", tmp / "v.en")], tmp / "clean", vocab_size=300,
-                        max_len=64, workers=2, chunk=5, log=lambda _: None)  # fmt: skip
+    preprocess_parallel(
+        [PairFiles(tmp / "t.de", tmp / "t.en")],
+        [PairFiles(tmp / "v.de", tmp / "v.en")],
+        tmp / "clean",
+        vocab_size=300,
+        max_len=64,
+        workers=2,
+        chunk=5,
+        log=lambda _: None,
+    )
     return tmp / "clean"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("step", "k"), [("part-written", 3), ("files-written", 1),
-                                         ("files-synced", 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("step", "k"), [("part-written", 3), ("files-written", 1), ("files-synced", 1)]
+)
 def test_a_killed_run_resumes_and_leaves_no_half_written_folder(
     tmp_path: Path, clean: Path, step: str, k: int
 ) -> None:
@@ -179,18 +225,29 @@ def test_a_killed_run_resumes_and_leaves_no_half_written_folder(
     (made with two workers: the parts do not depend on who encoded them)."""
     write_good(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.run([sys.executable, "-c", KILLER, step, str(k), str(tmp_path)],
-                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", KILLER, step, str(k), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert child.returncode == -9, child.stderr
     assert not (tmp_path / "out").exists()  # nothing, or everything: never a part
     work = tmp_path / ".out.work"
     done_before = len(list((work / "parts").glob("*.npz")))
     assert done_before == (k if step == "part-written" else 9)
     logs: list[str] = []
-    result = preprocess_parallel([PairFiles(tmp_path / "t.de", tmp_path / "t.en")],
-                                 [PairFiles(tmp_path / "v.de", tmp_path / "v.en")],
-                                 tmp_path / "out", vocab_size=300, max_len=64, workers=1, chunk=5,
-                                 log=logs.append)  # fmt: skip
+    result = preprocess_parallel(
+        [PairFiles(tmp_path / "t.de", tmp_path / "t.en")],
+        [PairFiles(tmp_path / "v.de", tmp_path / "v.en")],
+        tmp_path / "out",
+        vocab_size=300,
+        max_len=64,
+        workers=1,
+        chunk=5,
+        log=logs.append,
+    )
     assert result.parts_run == 9 - done_before and any("resuming" in m for m in logs)
     out = tmp_path / "out"
     assert sorted(p.name for p in clean.iterdir()) == sorted(p.name for p in out.iterdir())
@@ -211,14 +268,26 @@ def test_another_input_starts_the_work_again(tmp_path: Path) -> None:
     (tmp_path / ".out.work" / "spec.json").write_text(json.dumps({"kind": "other"}))
     (work / "train-000-000000.npz").write_bytes(b"stale")
     logs: list[str] = []
-    preprocess_parallel([PairFiles(tmp_path / "t.de", tmp_path / "t.en")],
-                        [PairFiles(tmp_path / "v.de", tmp_path / "v.en")], tmp_path / "out",
-                        vocab_size=300, max_len=64, workers=1, log=logs.append)  # fmt: skip
+    preprocess_parallel(
+        [PairFiles(tmp_path / "t.de", tmp_path / "t.en")],
+        [PairFiles(tmp_path / "v.de", tmp_path / "v.en")],
+        tmp_path / "out",
+        vocab_size=300,
+        max_len=64,
+        workers=1,
+        log=logs.append,
+    )
     assert any("other settings or inputs" in m for m in logs)
     with pytest.raises(ValueError, match="exists: pass --overwrite"):
-        preprocess_parallel([PairFiles(tmp_path / "t.de", tmp_path / "t.en")],
-                            [PairFiles(tmp_path / "v.de", tmp_path / "v.en")], tmp_path / "out",
-                            vocab_size=300, max_len=64, workers=1, log=logs.append)  # fmt: skip
+        preprocess_parallel(
+            [PairFiles(tmp_path / "t.de", tmp_path / "t.en")],
+            [PairFiles(tmp_path / "v.de", tmp_path / "v.en")],
+            tmp_path / "out",
+            vocab_size=300,
+            max_len=64,
+            workers=1,
+            log=logs.append,
+        )
 
 
 @pytest.mark.slow
@@ -231,11 +300,19 @@ def test_language_model_text_in_chunks_encodes_as_the_whole_text(
     text = path.read_text()
     for kind, vocab in (("char", 0), ("bpe", 1000)):
         out = tmp_path / kind
-        result = preprocess_text(path, out, tokenizer_kind=kind, vocab_size=vocab, workers=2,
-                                 chunk_bytes=64 << 10, log=lambda _: None)  # fmt: skip
+        result = preprocess_text(
+            path,
+            out,
+            tokenizer_kind=kind,
+            vocab_size=vocab,
+            workers=2,
+            chunk_bytes=64 << 10,
+            log=lambda _: None,
+        )
         assert result.parts_run > 10
-        want = (CharTokenizer.from_text(text) if kind == "char"
-                else BPETokenizer.from_text(text, vocab))  # fmt: skip
+        want = (
+            CharTokenizer.from_text(text) if kind == "char" else BPETokenizer.from_text(text, vocab)
+        )
         header, mapped = shards.open_text(out)
         assert header["tokenizer_sha256"] == tokenizer_digest(want)
         assert np.array_equal(mapped.array, np.asarray(want.encode(text)))
@@ -250,8 +327,15 @@ def test_chunks_are_cut_only_where_a_newline_ends_a_pre_token(tmp_path: Path) ->
     path = tmp_path / "t.txt"
     path.write_bytes(text.encode())
     want = BPETokenizer.from_text(text, 300)
-    result = preprocess_text(path, tmp_path / "o", tokenizer_kind="bpe", vocab_size=300,
-                             workers=1, chunk_bytes=1, log=lambda _: None)  # fmt: skip
+    result = preprocess_text(
+        path,
+        tmp_path / "o",
+        tokenizer_kind="bpe",
+        vocab_size=300,
+        workers=1,
+        chunk_bytes=1,
+        log=lambda _: None,
+    )
     assert result.parts_run == 2 * 60  # cut before "dows" and before each next block only
     header, mapped = shards.open_text(tmp_path / "o")
     assert header["tokenizer_sha256"] == tokenizer_digest(want)

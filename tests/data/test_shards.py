@@ -225,8 +225,14 @@ def text_made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A language model's shards (one stream of character ids) of :data:`LM_TEXT`."""
     tmp = tmp_path_factory.mktemp("text")
     (tmp / "corpus.txt").write_text(LM_TEXT)
-    preprocess_text(tmp / "corpus.txt", tmp / "shards", tokenizer_kind="char", vocab_size=0,
-                    workers=1, log=lambda _: None)  # fmt: skip
+    preprocess_text(
+        tmp / "corpus.txt",
+        tmp / "shards",
+        tokenizer_kind="char",
+        vocab_size=0,
+        workers=1,
+        log=lambda _: None,
+    )
     return tmp / "shards"
 
 

@@ -20,16 +20,28 @@ REFS = ["the cat sat on a mat", "a dog is running in the park", "two men are wal
 
 # Punctuation, case and a number, so that sacreBLEU's 13a tokenization and its lowercasing
 # both change the score.
-PUNCT_HYPS = ["the cat sat on the mat.", "A dog (brown) runs in the park!",
-              "Is it 3.5 km to the town's market?"]  # fmt: skip
-PUNCT_REFS = ["The cat sat on the mat!", "A brown dog runs in the big park.",
-              "Is it 3.5 km to the market of the old town?"]  # fmt: skip
+PUNCT_HYPS = [
+    "the cat sat on the mat.",
+    "A dog (brown) runs in the park!",
+    "Is it 3.5 km to the town's market?",
+]
+PUNCT_REFS = [
+    "The cat sat on the mat!",
+    "A brown dog runs in the big park.",
+    "Is it 3.5 km to the market of the old town?",
+]
 # The same, tokenized by hand as 13a does (mteval-v13a.pl): spaces around ( ) ! ? and the other
 # symbols, and around . and , except between digits ("3.5" stays); the apostrophe stays.
-PUNCT_HYPS_13A = ["the cat sat on the mat .", "A dog ( brown ) runs in the park !",
-                  "Is it 3.5 km to the town's market ?"]  # fmt: skip
-PUNCT_REFS_13A = ["The cat sat on the mat !", "A brown dog runs in the big park .",
-                  "Is it 3.5 km to the market of the old town ?"]  # fmt: skip
+PUNCT_HYPS_13A = [
+    "the cat sat on the mat .",
+    "A dog ( brown ) runs in the park !",
+    "Is it 3.5 km to the town's market ?",
+]
+PUNCT_REFS_13A = [
+    "The cat sat on the mat !",
+    "A brown dog runs in the big park .",
+    "Is it 3.5 km to the market of the old town ?",
+]
 
 Stats = tuple[list[int], list[int], int, int]  # matches and totals for n = 1..4, lengths
 
@@ -158,17 +170,40 @@ def test_evaluate_prints_what_sacrebleu_gives_for_its_hypotheses(
     (tmp_path / "run.toml").write_text(TRANSLATION_TOML)
     run = load_run_config(
         tmp_path / "run.toml",
-        {"train.max_steps": 250, "train.lr": 0.5, "model.dropout": 0.0, "train.warmup_steps": 10,
-         "train.label_smoothing": 0.0},
-    )  # fmt: skip
+        {
+            "train.max_steps": 250,
+            "train.lr": 0.5,
+            "model.dropout": 0.0,
+            "train.warmup_steps": 10,
+            "train.label_smoothing": 0.0,
+        },
+    )
     train_translation(run, tmp_path / "run", tmp_path / "data", progress=False)
     hyp_file = tmp_path / "hyps.txt"
-    assert main(["evaluate", "--checkpoint", str(tmp_path / "run" / "checkpoint"), "--data", str(tmp_path / "data"), "--output", str(hyp_file)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                str(tmp_path / "run" / "checkpoint"),
+                "--data",
+                str(tmp_path / "data"),
+                "--output",
+                str(hyp_file),
+            ]
+        )
+        == 0
+    )
     printed = float(capsys.readouterr().out.split("BLEU ")[1].split()[0])
     refs = tmp_path / "refs.txt"
     from aiayn.data.parallel import multi30k
 
-    refs.write_text("".join(p.target + "\n" for p in multi30k(tmp_path / "data" / "multi30k", "test_2016_flickr", "de", "en")))  # fmt: skip
+    refs.write_text(
+        "".join(
+            p.target + "\n"
+            for p in multi30k(tmp_path / "data" / "multi30k", "test_2016_flickr", "de", "en")
+        )
+    )
     cli = subprocess.run(
         [sys.executable, "-m", "sacrebleu", str(refs), "-i", str(hyp_file), "-b", "-w", "2"],
         capture_output=True,

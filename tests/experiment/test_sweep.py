@@ -68,8 +68,9 @@ def test_sweep_runs_resumes_and_reports(setup: tuple[Path, Path], tmp_path: Path
     base = results[0]
     assert base["train_invocations"] == 2  # stopped once, resumed once
     # The resumed variant ends where an uninterrupted run of the same config does.
-    straight = train_translation(sweep.run_config(sweep.variants[0]), tmp_path / "straight", data,
-                                 progress=False)  # fmt: skip
+    straight = train_translation(
+        sweep.run_config(sweep.variants[0]), tmp_path / "straight", data, progress=False
+    )
     # two runs, each measuring its linear kernel (MKL or oneDNN): fp32 sums in other orders
     assert base["val_loss"] == pytest.approx(straight.val_loss, rel=1e-5)
     # Equal work: the same batches, hence the same target tokens, for every variant.
@@ -116,8 +117,9 @@ def test_flops_equal_torch_flop_counter(setup: tuple[Path, Path]) -> None:
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(model(src, tgt).flatten(0, 1), tgt.flatten()).backward()
     assert counter.get_total_flops() == translation_batch_flops(config, 3, 7, 5)
-    flops, tokens = training_flops(sweep.run_config(sweep.variants[0]), config,
-                                   _tokenizer(data, sweep), data)  # fmt: skip
+    flops, tokens = training_flops(
+        sweep.run_config(sweep.variants[0]), config, _tokenizer(data, sweep), data
+    )
     assert flops > 0 and tokens > 0
 
 

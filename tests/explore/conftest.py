@@ -39,10 +39,23 @@ def make_checkpoints(root: Path) -> Registry:
     reg.add_checkpoint(root / "lm", "tiny-lm")
     reg.add_checkpoint(root / "mt", "tiny-mt")
     reg.add_preset("bert-base", **SMALL)
-    vit = build_model(ModelConfig.from_dict(dict(
-        arch="encoder", image_size=8, patch_size=2, channels=1, n_classes=10, n_layers=2,
-        d_model=16, n_heads=2, d_ff=32, norm_position="pre", vocab_size=10,
-    )))  # fmt: skip
+    vit = build_model(
+        ModelConfig.from_dict(
+            dict(
+                arch="encoder",
+                image_size=8,
+                patch_size=2,
+                channels=1,
+                n_classes=10,
+                n_layers=2,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                norm_position="pre",
+                vocab_size=10,
+            )
+        )
+    )
     data = {"images": "digits", "test_fraction": 0.2, "seed": 0}
     save_bundle(root / "vit", vit, LabelTokenizer([str(i) for i in range(10)]), {"data": data})
     reg.add_checkpoint(root / "vit", "tiny-vit")

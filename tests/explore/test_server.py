@@ -65,11 +65,13 @@ def test_encoder_decoder_streams_and_translation(client, registry):
     assert status == 422 and "cross-attention" in err["error"]
     # With no target, the views read the model's own translation (beam 4), never the source
     # sentence as if it were a target.
-    status, own = client.request("/api/attention", {"model": "tiny-mt", "text": text,
-                                                    "stream": "cross"})  # fmt: skip
+    status, own = client.request(
+        "/api/attention", {"model": "tiny-mt", "text": text, "stream": "cross"}
+    )
     assert status == 200 and own["target"] == got[4]
-    _, given = client.request("/api/attention", {"model": "tiny-mt", "text": text,
-                                                 "target": got[4], "stream": "cross"})  # fmt: skip
+    _, given = client.request(
+        "/api/attention", {"model": "tiny-mt", "text": text, "target": got[4], "stream": "cross"}
+    )
     assert own["rows"] == given["rows"] and own["weights"] == given["weights"]
     _, source_as_target = client.request(
         "/api/attention", {"model": "tiny-mt", "text": text, "target": text, "stream": "cross"}
@@ -255,12 +257,16 @@ def _raw(server: str, body_chunks: list[bytes], headers: dict[str, str]) -> tupl
 
 def test_oversized_bodies_are_refused_before_they_are_read(server):
     big = b"x" * (20 * 1024 * 1024)
-    status, err = _raw(server, [big], {"Content-Type": "application/json", "Content-Length": str(len(big))})  # fmt: skip
+    status, err = _raw(
+        server, [big], {"Content-Type": "application/json", "Content-Length": str(len(big))}
+    )
     assert status == 413 and "at most 65536" in err["error"]
     # Chunked, no length given: refused once 64 KiB have arrived, not after 20 MB.
     chunk = b"x" * 8192
     framed = [b"%x\r\n" % len(chunk) + chunk + b"\r\n"] * 2560 + [b"0\r\n\r\n"]
-    status, err = _raw(server, framed, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"})  # fmt: skip
+    status, err = _raw(
+        server, framed, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    )
     assert status == 413 and "more than 65536" in err["error"]
 
 
@@ -408,8 +414,9 @@ def test_real_folders_attention_equals_transformers(tmp_path):
         (minilm, "AutoModel", 2, 5),
         (gpt2, "AutoModelForCausalLM", 1, 3),
     ):
-        view = analysis.attention_view(reg.get(reg.add_checkpoint(folder, folder.name)), text,
-                                       layer=layer, head=head)  # fmt: skip
+        view = analysis.attention_view(
+            reg.get(reg.add_checkpoint(folder, folder.name)), text, layer=layer, head=head
+        )
         tok = transformers.AutoTokenizer.from_pretrained(str(folder))
         hf = getattr(transformers, family).from_pretrained(folder, attn_implementation="eager")
         batch = tok(text, return_tensors="pt", return_offsets_mapping=True)

@@ -110,7 +110,7 @@ def test_wide_beam_finds_the_exhaustive_optimum() -> None:
 
 
 @torch.no_grad()
-def python_beam_search(
+def python_beam_search(  # noqa: C901, PLR0915 (the textbook loop, as one reads it)
     model: EncoderDecoder,
     src: torch.Tensor,
     *,

@@ -53,8 +53,13 @@ def reference_reply(folder: Path, messages: list[dict[str, str]]) -> tuple[list[
 def test_two_turns_equal_transformers(folders: tuple[Path, int]) -> None:
     folder, _ = folders
     bundle = load(folder)
-    chat = Chat(bundle.model, bundle.tokenizer, generation_of(bundle.run), sampling=GREEDY,  # type: ignore[arg-type]
-                max_new_tokens=20)  # fmt: skip
+    chat = Chat(
+        bundle.model,
+        bundle.tokenizer,
+        generation_of(bundle.run),
+        sampling=GREEDY,  # type: ignore[arg-type]
+        max_new_tokens=20,
+    )
     messages = [{"role": "user", "content": "hello"}]
     for follow_up in ("and the cat?", "café?"):
         ids, reply = reference_reply(folder, messages)
@@ -75,8 +80,9 @@ def test_a_reply_ends_at_the_folders_end_id_or_the_tokenizers_eos(
     assert len(reply) == 2  # it stopped on the third new token, as the fixture chose
 
 
-def run_cli(args: list[str], stdin: str, monkeypatch: pytest.MonkeyPatch,
-            capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:  # fmt: skip
+def run_cli(
+    args: list[str], stdin: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
     monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
     code = main(args)
     out = capsys.readouterr()
@@ -112,13 +118,26 @@ def test_generate_stops_at_the_end_id_without_printing_it(
     prints all 30 tokens."""
     prompt = "hello there"
     bundle = load(chat_folder(tmp_path / "free", eos=[]))
-    free = generate(bundle.model, [bundle.tokenizer.encode(prompt)], max_new_tokens=30,  # type: ignore[arg-type]
-                    sampling=GREEDY)[0]  # fmt: skip
+    free = generate(
+        bundle.model,
+        [bundle.tokenizer.encode(prompt)],
+        max_new_tokens=30,  # type: ignore[arg-type]
+        sampling=GREEDY,
+    )[0]
     new = [i for i, t in enumerate(free) if t not in free[:i]]
     assert len(new) >= 4, free
     folder = chat_folder(tmp_path / "ends", eos=[free[new[3]]])
-    args = ["generate", "--checkpoint", str(folder), "--prompt", prompt, "--temperature", "0",
-            "--max-new-tokens", "30"]  # fmt: skip
+    args = [
+        "generate",
+        "--checkpoint",
+        str(folder),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "30",
+    ]
     _, out, _ = run_cli(args, "", monkeypatch, capsys)
     assert out == prompt + bundle.tokenizer.decode(free[: new[3]]) + "\n"
     _, out, _ = run_cli([*args, "--ignore-eos"], "", monkeypatch, capsys)

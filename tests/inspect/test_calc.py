@@ -259,8 +259,9 @@ def test_decoding_bytes_per_token_are_the_weights_and_the_cache_a_step_reads() -
     from aiayn.nn.linear import Linear
 
     for preset in ("gpt2-small", "paper-base"):
-        model = aiayn.build_model(preset, n_layers=2, d_model=64, n_heads=4, d_ff=256,
-                                  vocab_size=500, max_len=64)  # fmt: skip
+        model = aiayn.build_model(
+            preset, n_layers=2, d_model=64, n_heads=4, d_ff=256, vocab_size=500, max_len=64
+        )
         skip = "encoder." if preset == "paper-base" else "\0"
         linears = [
             m for n, m in model.named_modules() if isinstance(m, Linear) and not n.startswith(skip)

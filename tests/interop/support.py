@@ -58,10 +58,17 @@ def _difference(name: str, got: torch.Tensor, want: torch.Tensor) -> str:
 
 def bert_config(**overrides: object) -> object:
     kwargs: dict = dict(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=96, max_position_embeddings=40, type_vocab_size=2,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=40,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+    )
     kwargs.update(overrides)
     return transformers.BertConfig(**kwargs)
 
@@ -84,14 +91,19 @@ def wordpiece(folder: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    text = ["Ein Hund läuft über die Wiese.", "A dog runs across the meadow.",
-            "Le chien court dans le pré.", "Zwei Männer spielen Fußball im Park."] * 20  # fmt: skip
+    text = [
+        "Ein Hund läuft über die Wiese.",
+        "A dog runs across the meadow.",
+        "Le chien court dans le pré.",
+        "Zwei Männer spielen Fußball im Park.",
+    ] * 20
     tok.train_from_iterator(
         text, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=special)
     )
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )  # fmt: skip
+    )
     tok.save(str(folder / "tokenizer.json"))

@@ -23,12 +23,24 @@ VOCAB, PAD, EOS = 57, 1, 2
 
 def bart(**overrides: object) -> torch.nn.Module:
     kwargs: dict = dict(
-        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
-        decoder_ffn_dim=48, max_position_embeddings=40, pad_token_id=PAD, bos_token_id=0,
-        eos_token_id=EOS, decoder_start_token_id=EOS, forced_eos_token_id=None,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=40,
+        pad_token_id=PAD,
+        bos_token_id=0,
+        eos_token_id=EOS,
+        decoder_start_token_id=EOS,
+        forced_eos_token_id=None,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.BartForConditionalGeneration(transformers.BartConfig(**kwargs)).eval()
@@ -82,8 +94,14 @@ def test_greedy_decoding_equals_hf_generate() -> None:
     src, keep, _ = batch()
     src, keep = src[[0, 2]], keep[[0, 2]]  # unpadded rows
     with torch.no_grad():
-        want = hf.generate(input_ids=src, attention_mask=keep.long(), num_beams=1, do_sample=False,
-                           max_new_tokens=11, min_new_tokens=11)  # fmt: skip
+        want = hf.generate(
+            input_ids=src,
+            attention_mask=keep.long(),
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=11,
+            min_new_tokens=11,
+        )
     got = greedy_decode(ours, src, bos=EOS, eos=-1, max_extra=1, never=(EOS,))
     assert want[:, 1:].tolist() == [row[:11] for row in got]
 

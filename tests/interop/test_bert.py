@@ -133,9 +133,13 @@ def test_embed_and_fill_mask_on_an_hf_folder_equal_hf(tmp_path, capsys) -> None:
     hf.save_pretrained(tmp_path / "hf")
     wordpiece(tmp_path / "hf")
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(tmp_path / "hf" / "tokenizer.json"), mask_token="[MASK]",
-        pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
-    )  # fmt: skip
+        tokenizer_file=str(tmp_path / "hf" / "tokenizer.json"),
+        mask_token="[MASK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        unk_token="[UNK]",
+    )
     texts = ["Ein Hund läuft über die Wiese.", "A dog runs.", "Le chien court dans le pré."]
     (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
     args = ["embed", "--checkpoint", str(tmp_path / "hf"), "--file", str(tmp_path / "texts.txt")]

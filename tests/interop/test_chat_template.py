@@ -64,8 +64,16 @@ CHAT = [
     {"role": "assistant", "content": "4."},
     {"role": "user", "content": "東京は？"},
 ]
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b — la somme, 加法",
-          "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "a + b — la somme, 加法",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}},
+        },
+    }
+]
 SPECIAL = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -81,17 +89,25 @@ def folder_with(tmp: Path, template: str) -> Path:
     folder = tmp / "chat"
     folder.mkdir(exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template,
-              "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    config = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "chat_template": template,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
 
 CASES = [
-    (CHATML, CHAT, None), (CHATML, CHAT, TOOLS), (CHATML, CHAT[1:], None),
-    (LLAMA2, CHAT, None), (LLAMA2, CHAT[1:3], None), (ZEPHYR, CHAT, None),
+    (CHATML, CHAT, None),
+    (CHATML, CHAT, TOOLS),
+    (CHATML, CHAT[1:], None),
+    (LLAMA2, CHAT, None),
+    (LLAMA2, CHAT[1:3], None),
+    (ZEPHYR, CHAT, None),
     (GENERATION, [*CHAT, {"role": "tool", "content": "x"}, *CHAT], None),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("prompt", [True, False])
@@ -106,9 +122,12 @@ def test_rendering_and_ids_equal_apply_chat_template(
     )
     ours = load_hf_tokenizer(folder)
     got = render_chat(
-        template, messages, add_generation_prompt=prompt, special_tokens=ours.special_tokens,
+        template,
+        messages,
+        add_generation_prompt=prompt,
+        special_tokens=ours.special_tokens,
         tools=tools,  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     assert got == want
     if tools is None:
         want_ids = hf.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True)

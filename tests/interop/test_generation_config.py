@@ -22,8 +22,15 @@ GREEDY = SamplingConfig(temperature=0)
 def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small GPT-2 folder (perturbed weights) whose config.json names BOS 3 and EOS 7."""
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                  bos_token_id=3, eos_token_id=7)  # fmt: skip
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        vocab_size=64,
+        n_positions=64,
+        bos_token_id=3,
+        eos_token_id=7,
+    )
     model = transformers.GPT2LMHeadModel(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -49,9 +56,13 @@ def with_generation(folder: Path, tmp: Path, config: dict[str, object] | None) -
 
 @pytest.mark.parametrize(
     "config",
-    [None, {"pad_token_id": 5}, {"bos_token_id": 1, "eos_token_id": [7, 9], "pad_token_id": 0},
-     {"eos_token_id": 11}],
-)  # fmt: skip
+    [
+        None,
+        {"pad_token_id": 5},
+        {"bos_token_id": 1, "eos_token_id": [7, 9], "pad_token_id": 0},
+        {"eos_token_id": 11},
+    ],
+)
 def test_ids_are_read_as_transformers_reads_them(
     gpt2: Path, tmp_path: Path, config: dict[str, object] | None
 ) -> None:

@@ -41,9 +41,17 @@ def _seed() -> None:
 
 def gpt2(attn: str = "eager", **overrides: object) -> nn.Module:
     kwargs: dict = dict(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=32,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     kwargs.update(overrides)
     config = transformers.GPT2Config(**kwargs, attn_implementation=attn)
     model = transformers.GPT2LMHeadModel(config).eval()
@@ -56,10 +64,16 @@ def llama(
     attn: str = "eager", theta: float = 10000.0, tied: bool = False, **overrides: object
 ) -> nn.Module:
     kwargs: dict = dict(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, rope_theta=theta,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        rope_theta=theta,
         tie_word_embeddings=tied,
-    )  # fmt: skip
+    )
     kwargs.update(overrides)
     config = transformers.LlamaConfig(**kwargs, attn_implementation=attn)
     model = transformers.LlamaForCausalLM(config).eval()
@@ -288,9 +302,14 @@ def test_config_round_trip_is_identity() -> None:
 
 def llama_family(kind: str, attn: str = "eager", **overrides: object) -> nn.Module:
     kwargs: dict = dict(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+    )
     kwargs.update(overrides)
     config = getattr(transformers, f"{kind}Config")(**kwargs, attn_implementation=attn)
     model = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
@@ -337,9 +356,17 @@ def test_llama_family_limits_are_named() -> None:
             llama_family("Qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1)
         )
     with pytest.raises(ValueError, match="model_type='bert' cannot be converted"):
-        from_hf(transformers.BertForMaskedLM(transformers.BertConfig(
-            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-            intermediate_size=64)))  # fmt: skip
+        from_hf(
+            transformers.BertForMaskedLM(
+                transformers.BertConfig(
+                    vocab_size=VOCAB,
+                    hidden_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=64,
+                )
+            )
+        )
     qwen = from_hf(llama_family("Qwen2"))
     with pytest.raises(ValueError, match="projection_bias=True cannot be converted"):
         to_hf_llama(qwen)
@@ -356,8 +383,13 @@ def test_mixtral_routing_logits_and_cache_match(
     experts, logit for logit over a full pass and over cached decoding; round trip exact."""
     from aiayn.interop.hf import to_hf_mixtral
 
-    hf = llama_family("Mixtral", "eager", num_local_experts=experts, num_experts_per_tok=top_k,
-                      sliding_window=window)  # fmt: skip
+    hf = llama_family(
+        "Mixtral",
+        "eager",
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        sliding_window=window,
+    )
     with torch.no_grad():  # a router with real preferences, so that routing is exercised
         for layer in hf.model.layers:
             layer.mlp.gate.weight.normal_(0.0, 1.0)

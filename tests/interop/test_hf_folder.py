@@ -18,15 +18,28 @@ from tests.interop.support import assert_same_state
 VOCAB = 101
 # fp32, HF sums in other orders: GPT-2's 256-term dots, ~sqrt(256) x 2^-24 ~ 1e-6; CPU: <= 2.4e-7
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64)  # fmt: skip
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+)
 
 
 def hf_model(kind: str, **overrides: object) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "GPT2":
-        kwargs: dict = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": VOCAB,
-                        "n_positions": 32, **overrides}  # fmt: skip
+        kwargs: dict = {
+            "n_layer": 2,
+            "n_embd": 64,
+            "n_head": 4,
+            "vocab_size": VOCAB,
+            "n_positions": 32,
+            **overrides,
+        }
         config = transformers.GPT2Config(**kwargs)
         model = transformers.GPT2LMHeadModel(config)
     else:
@@ -83,8 +96,9 @@ def test_bf16_stays_bf16(tmp_path: Path) -> None:
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
     ids = torch.randint(0, VOCAB, (1, 12))
     # bf16 keeps 8 significant bits: 2^-8 ~ 4e-3 per rounding, ~5 of them; CPU: 3.9e-3
-    torch.testing.assert_close(logits(ours, ids, False).float(), logits(hf, ids, True).float(),
-                               atol=2e-2, rtol=2e-2)  # fmt: skip
+    torch.testing.assert_close(
+        logits(ours, ids, False).float(), logits(hf, ids, True).float(), atol=2e-2, rtol=2e-2
+    )
 
 
 def test_mismatched_folders_are_named(tmp_path: Path) -> None:
@@ -183,12 +197,35 @@ def test_convert_a_folder_with_its_tokenizer_and_generate_as_hf_does(
             0, ids.shape[1] :
         ]
     capsys.readouterr()
-    argv = ["generate", "--checkpoint", str(tmp_path / "ours"), "--prompt", prompt,
-            "--max-new-tokens", "8", "--top-k", "1", "--seed", "0"]  # fmt: skip
+    argv = [
+        "generate",
+        "--checkpoint",
+        str(tmp_path / "ours"),
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        "8",
+        "--top-k",
+        "1",
+        "--seed",
+        "0",
+    ]
     assert main(argv) == 0
     assert capsys.readouterr().out.rstrip("\n") == prompt + fast.decode(expected.tolist())
-    assert main(["convert", "--to-hf", "gpt2", "--checkpoint", str(tmp_path / "ours"),
-                 "--out", str(tmp_path / "back")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "convert",
+                "--to-hf",
+                "gpt2",
+                "--checkpoint",
+                str(tmp_path / "ours"),
+                "--out",
+                str(tmp_path / "back"),
+            ]
+        )
+        == 0
+    )
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
     torch.testing.assert_close(logits(back, ids, True), logits(hf, ids, True), **TOL)
     assert (tmp_path / "back" / "tokenizer.json").is_file()
@@ -224,13 +261,25 @@ def test_a_sentencepiece_model_alone_gives_sentencepieces_ids(tmp_path: Path) ->
 
     hf = hf_model("Llama", vocab_size=128)
     hf.save_pretrained(tmp_path / "hf")
-    text = ["Ein Hund läuft über die Wiese.", "A dog runs across the meadow.",
-            "Le chien court dans le pré.", "Zwei Männer spielen Fußball.", "東京は日本の首都です。"]  # fmt: skip
+    text = [
+        "Ein Hund läuft über die Wiese.",
+        "A dog runs across the meadow.",
+        "Le chien court dans le pré.",
+        "Zwei Männer spielen Fußball.",
+        "東京は日本の首都です。",
+    ]
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(text * 40), model_prefix=str(tmp_path / "hf" / "tokenizer"),
-        vocab_size=120, model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
-        character_coverage=1.0, minloglevel=2,
-    )  # fmt: skip
+        sentence_iterator=iter(text * 40),
+        model_prefix=str(tmp_path / "hf" / "tokenizer"),
+        vocab_size=120,
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=-1,
+        character_coverage=1.0,
+        minloglevel=2,
+    )
     (tmp_path / "hf" / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True})
     )

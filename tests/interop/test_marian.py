@@ -23,12 +23,24 @@ VOCAB, PAD = 61, 60
 
 def marian(**overrides: object) -> torch.nn.Module:
     kwargs: dict = dict(
-        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
-        decoder_ffn_dim=48, max_position_embeddings=40, pad_token_id=PAD,
-        decoder_start_token_id=PAD, eos_token_id=0, activation_function="swish",
-        scale_embedding=True, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=40,
+        pad_token_id=PAD,
+        decoder_start_token_id=PAD,
+        eos_token_id=0,
+        activation_function="swish",
+        scale_embedding=True,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(transformers.MarianConfig(**kwargs)).eval()
@@ -75,8 +87,14 @@ def test_greedy_translation_equals_hf_generate() -> None:
     src, keep, _ = batch()
     src, keep = src[[0, 2]], keep[[0, 2]]  # unpadded rows
     with torch.no_grad():
-        want = hf.generate(input_ids=src, attention_mask=keep.long(), num_beams=1, do_sample=False,
-                           max_new_tokens=11, min_new_tokens=11)  # fmt: skip
+        want = hf.generate(
+            input_ids=src,
+            attention_mask=keep.long(),
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=11,
+            min_new_tokens=11,
+        )
     # HF's min_new_tokens masks EOS (0) for all 11 tokens, as `never` does.
     got = greedy_decode(ours, src, bos=PAD, eos=-1, max_extra=1, never=(0,))
     assert want[:, 1:].tolist() == [row[:11] for row in got]
@@ -142,9 +160,13 @@ def _marian_folder(folder, vocab_size: int = 80):  # type: ignore[no-untyped-def
     tgt_text = ["A dog runs across the meadow.", "Two men play football in the park."] * 40
     for name, text in (("source", src_text), ("target", tgt_text)):
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(text), model_prefix=str(folder / name), vocab_size=40,
-            model_type="unigram", minloglevel=2, hard_vocab_limit=False,
-        )  # fmt: skip
+            sentence_iterator=iter(text),
+            model_prefix=str(folder / name),
+            vocab_size=40,
+            model_type="unigram",
+            minloglevel=2,
+            hard_vocab_limit=False,
+        )
         (folder / f"{name}.model").rename(folder / f"{name}.spm")
     pieces: list[str] = ["</s>", "<unk>"]
     for name in ("source", "target"):
@@ -157,8 +179,12 @@ def _marian_folder(folder, vocab_size: int = 80):  # type: ignore[no-untyped-def
     pieces.append("<pad>")
     vocab = {p: i for i, p in enumerate(pieces)}
     (folder / "vocab.json").write_text(json.dumps(vocab))
-    hf = marian(vocab_size=len(vocab), pad_token_id=len(vocab) - 1,
-                decoder_start_token_id=len(vocab) - 1, forced_eos_token_id=None)  # fmt: skip
+    hf = marian(
+        vocab_size=len(vocab),
+        pad_token_id=len(vocab) - 1,
+        decoder_start_token_id=len(vocab) - 1,
+        forced_eos_token_id=None,
+    )
     hf.save_pretrained(folder)
     return hf, vocab
 
@@ -166,9 +192,10 @@ def _marian_folder(folder, vocab_size: int = 80):  # type: ignore[no-untyped-def
 def _their_tokenizer(folder):  # type: ignore[no-untyped-def]
     """HF's MarianTokenizer over the folder's two SentencePiece models and vocabulary."""
     return transformers.MarianTokenizer(
-        source_spm=str(folder / "source.spm"), target_spm=str(folder / "target.spm"),
+        source_spm=str(folder / "source.spm"),
+        target_spm=str(folder / "target.spm"),
         vocab=str(folder / "vocab.json"),
-    )  # fmt: skip
+    )
 
 
 def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -195,8 +222,13 @@ def test_an_opus_mt_folder_tokenizes_and_translates_as_hf(tmp_path) -> None:  # 
     got = translate(bundle.model.eval(), ours, lines, beam=None)  # type: ignore[arg-type]
     batch = theirs(lines, padding=True, return_tensors="pt")
     with torch.no_grad():
-        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=39,
-                          bad_words_ids=[[hf.config.pad_token_id]])  # fmt: skip
+        out = hf.generate(
+            **batch,
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=39,
+            bad_words_ids=[[hf.config.pad_token_id]],
+        )
     want = [theirs.decode(row, skip_special_tokens=True).strip() for row in out]
     assert got == want
 
@@ -217,16 +249,26 @@ def test_translation_ends_at_the_folders_own_end_id(tmp_path, capsys) -> None:  
     line = "Ein Hund läuft über die Wiese."
     batch = theirs([line], return_tensors="pt")
     with torch.no_grad():
-        free = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=20,
-                           bad_words_ids=[[hf.config.pad_token_id]])[0, 1:].tolist()  # fmt: skip
+        free = hf.generate(
+            **batch,
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=20,
+            bad_words_ids=[[hf.config.pad_token_id]],
+        )[0, 1:].tolist()
     assert free[0] != 0, free  # it would go on: the untrained model repeats one piece
     stop = free[0]  # that piece made the folder's end id
     config = json.loads((tmp_path / "generation_config.json").read_text())
     (tmp_path / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": stop}))
     hf = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
     with torch.no_grad():
-        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=20,
-                          bad_words_ids=[[hf.config.pad_token_id]])  # fmt: skip
+        out = hf.generate(
+            **batch,
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=20,
+            bad_words_ids=[[hf.config.pad_token_id]],
+        )
     assert out[0, -1] == stop  # HF ended on it; its text is what came before (a real
     want = theirs.decode(out[0, 1:-1], skip_special_tokens=True).strip()  # </s> is not shown)
     bundle = load(tmp_path)
@@ -237,8 +279,15 @@ def test_translation_ends_at_the_folders_own_end_id(tmp_path, capsys) -> None:  
     ignored = translate(bundle.model, bundle.tokenizer, [line], beam=None)  # type: ignore[arg-type]
     assert ignored != got  # without the folder's end id it runs on
     (tmp_path / "in.txt").write_text(line + "\n")
-    args = ["translate", "--checkpoint", str(tmp_path), "--input", str(tmp_path / "in.txt"),
-            "--beam", "1"]  # fmt: skip
+    args = [
+        "translate",
+        "--checkpoint",
+        str(tmp_path),
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--beam",
+        "1",
+    ]
     assert main(args) == 0
     assert capsys.readouterr().out == want + "\n"
 

@@ -103,13 +103,26 @@ def linked_copy(tmp: Path, pooling: dict[str, object], normalize: bool) -> Path:
 @pytest.mark.parametrize(
     ("config", "normalize"),
     [
-        ({"word_embedding_dimension": 384, "pooling_mode_cls_token": True,
-          "pooling_mode_mean_tokens": False}, False),
+        (
+            {
+                "word_embedding_dimension": 384,
+                "pooling_mode_cls_token": True,
+                "pooling_mode_mean_tokens": False,
+            },
+            False,
+        ),
         ({"embedding_dimension": 384, "pooling_mode": ["max", "mean"]}, True),
-        ({"word_embedding_dimension": 384, "pooling_mode_mean_tokens": True,
-          "pooling_mode_max_tokens": True, "pooling_mode_lasttoken": True}, False),
+        (
+            {
+                "word_embedding_dimension": 384,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_max_tokens": True,
+                "pooling_mode_lasttoken": True,
+            },
+            False,
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_folders_pooling_and_normalize_are_honoured(
     tmp_path: Path, config: dict[str, object], normalize: bool
 ) -> None:
@@ -123,9 +136,16 @@ def test_the_folders_pooling_and_normalize_are_honoured(
 
 @pytest.mark.parametrize(
     "modes",
-    [("cls",), ("max",), ("mean",), ("mean_sqrt_len_tokens",), ("weightedmean",), ("lasttoken",),
-     ("cls", "max", "mean")],
-)  # fmt: skip
+    [
+        ("cls",),
+        ("max",),
+        ("mean",),
+        ("mean_sqrt_len_tokens",),
+        ("weightedmean",),
+        ("lasttoken",),
+        ("cls", "max", "mean"),
+    ],
+)
 def test_pool_equals_sentence_transformers_pooling(modes: tuple[str, ...]) -> None:
     torch.manual_seed(0)
     hidden = torch.randn(3, 7, 16)  # (B, T, C)

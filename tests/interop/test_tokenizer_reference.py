@@ -220,18 +220,46 @@ def test_wordpiece_equals_pythons_bert_tokenizer(tmp_path: Path) -> None:
 
 
 def test_wordpiece_hand_tokenised(tmp_path: Path) -> None:
-    words = [*SPECIAL, "ein", "hund", "lauft", "uber", "die", "wiese", ".", "cafe", "run",
-             "##s", "1", "##2", "##3", "!", "東", "京", "は"]  # fmt: skip
-    tok = bert_pipeline(Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)},
-                                                   unk_token="[UNK]")))  # fmt: skip
+    words = [
+        *SPECIAL,
+        "ein",
+        "hund",
+        "lauft",
+        "uber",
+        "die",
+        "wiese",
+        ".",
+        "cafe",
+        "run",
+        "##s",
+        "1",
+        "##2",
+        "##3",
+        "!",
+        "東",
+        "京",
+        "は",
+    ]
+    tok = bert_pipeline(
+        Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    )
     with_cls_sep(tok).save(str(tmp_path / "tokenizer.json"))
     ours = load_hf_tokenizer(tmp_path)
     cases = {
-        "  Ein HUND läuft über die Wiese.":
-            ["[CLS]", "ein", "hund", "lauft", "uber", "die", "wiese", ".", "[SEP]"],
+        "  Ein HUND läuft über die Wiese.": [
+            "[CLS]",
+            "ein",
+            "hund",
+            "lauft",
+            "uber",
+            "die",
+            "wiese",
+            ".",
+            "[SEP]",
+        ],
         "Café 123 東京は!": ["[CLS]", "cafe", "1", "##2", "##3", "東", "京", "は", "!", "[SEP]"],
         "runs 🐕 e\u0301": ["[CLS]", "run", "##s", "[UNK]", "[UNK]", "[SEP]"],
-    }  # fmt: skip
+    }
     for text, pieces in cases.items():
         assert [words[i] for i in ours.encode(text)] == pieces, text
 
@@ -239,8 +267,12 @@ def test_wordpiece_hand_tokenised(tmp_path: Path) -> None:
 # ----- SentencePiece (Llama, Mistral: a folder with only tokenizer.model) ------------------
 
 
-LLAMA_LIKE = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False,
-              "byte_fallback": True, "vocab_size": 400}  # fmt: skip
+LLAMA_LIKE = {
+    "normalization_rule_name": "identity",
+    "remove_extra_whitespaces": False,
+    "byte_fallback": True,
+    "vocab_size": 400,
+}
 NFKC_UNK = {"normalization_rule_name": "nmt_nfkc", "byte_fallback": False, "vocab_size": 300}
 
 
@@ -253,10 +285,18 @@ def test_a_sentencepiece_model_alone_encodes_as_sentencepiece(
     the model's normaliser (NFKC, extra spaces) or none, digits split one by one, characters
     the vocabulary lacks as bytes or as <unk> (never dropped); ids -> text too."""
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS), model_prefix=str(tmp_path / "tokenizer"),
-        model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1, character_coverage=1.0,
-        split_digits=True, minloglevel=2, **options,
-    )  # fmt: skip
+        sentence_iterator=iter(CORPUS),
+        model_prefix=str(tmp_path / "tokenizer"),
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=-1,
+        character_coverage=1.0,
+        split_digits=True,
+        minloglevel=2,
+        **options,
+    )
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True})
     )

@@ -50,9 +50,14 @@ def test_do_lower_case_false_makes_the_uncased_vocabulary_cased(tmp_path: Path) 
 
 
 def test_special_tokens_map_adds_never_split_tokens(tmp_path: Path) -> None:
-    names = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-             "cls_token": "[CLS]", "mask_token": "[MASK]",
-             "additional_special_tokens": ["<ent>"]}  # fmt: skip
+    names = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+        "additional_special_tokens": ["<ent>"],
+    }
     folder = copy_with(tmp_path, {}, names)
     assert_same_ids(folder)
     ours = load_hf_tokenizer(folder)
@@ -77,9 +82,15 @@ def test_model_max_length_limits_what_embed_reads(tmp_path: Path) -> None:
 
 
 def test_settings_survive_an_aiayn_checkpoint(tmp_path: Path) -> None:
-    folder = copy_with(tmp_path, {"do_lower_case": False, "model_max_length": 40,
-                                  "chat_template": "{{ messages[0]['content'] }}"},
-                       {"additional_special_tokens": ["<ent>"]})  # fmt: skip
+    folder = copy_with(
+        tmp_path,
+        {
+            "do_lower_case": False,
+            "model_max_length": 40,
+            "chat_template": "{{ messages[0]['content'] }}",
+        },
+        {"additional_special_tokens": ["<ent>"]},
+    )
     bundle = load(folder)
     save_bundle(tmp_path / "ours", bundle.model, bundle.tokenizer, bundle.run)
     again = load(tmp_path / "ours").tokenizer
@@ -95,9 +106,10 @@ def byte_level_folder(tmp: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<s>"],
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     tok.train_from_iterator(["hello world, the cat sat on the mat"] * 20, trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     folder = tmp / "bpe"
@@ -112,9 +124,16 @@ def test_add_bos_and_eos_flags_yield_to_tokenizer_json(
 ) -> None:
     """transformers 5 drops add_bos_token / add_eos_token when a tokenizer.json exists."""
     folder = byte_level_folder(tmp_path)
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "<|endoftext|>", "add_bos_token": bos,
-        "add_eos_token": eos}))  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "<|endoftext|>",
+                "add_bos_token": bos,
+                "add_eos_token": eos,
+            }
+        )
+    )
     assert_same_ids(folder)
     assert load_hf_tokenizer(folder).encode("hello cat")[0] == 1  # the saved "<s> $A"
 

@@ -101,9 +101,16 @@ def test_tying_and_bad_inputs() -> None:
 
 def test_dropout_only_in_training() -> None:
     model = aiayn.build_model(
-        "gpt2-small", n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=60, max_len=32,
-        dropout=0.1, attention_dropout=0.1,
-    )  # fmt: skip
+        "gpt2-small",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        vocab_size=60,
+        max_len=32,
+        dropout=0.1,
+        attention_dropout=0.1,
+    )
     ids = torch.randint(0, 60, (2, 8))
     model.eval()
     torch.testing.assert_close(model(ids), model(ids))

@@ -28,9 +28,14 @@ def _copy_ln(dst: nn.Module, src: nn.Module) -> None:
 def test_equals_torch_nn_transformer() -> None:
     ours = small(n_decoder_layers=3)
     ref = nn.Transformer(
-        d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=3, dim_feedforward=64,
-        dropout=0.0, batch_first=True,
-    ).eval()  # fmt: skip
+        d_model=32,
+        nhead=4,
+        num_encoder_layers=2,
+        num_decoder_layers=3,
+        dim_feedforward=64,
+        dropout=0.0,
+        batch_first=True,
+    ).eval()
     ref.encoder.norm = None  # the paper's post-LN has no final norm; nn.Transformer adds one
     ref.decoder.norm = None
     with torch.no_grad():

@@ -167,8 +167,15 @@ def test_trains_resumes_saves_and_translates_like_the_transformer(tmp_path: Path
     src = tmp_path / "in.txt"
     src.write_text("ein hund läuft\n")
     out = tmp_path / "out.txt"
-    argv = ["translate", "--checkpoint", str(tmp_path / "full" / "checkpoint"), "--input", str(src),
-            "--output", str(out)]  # fmt: skip
+    argv = [
+        "translate",
+        "--checkpoint",
+        str(tmp_path / "full" / "checkpoint"),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+    ]
     assert main(argv) == 0
     assert out.read_text().strip()
 

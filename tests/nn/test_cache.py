@@ -37,10 +37,18 @@ def window_model(**kw: object) -> DecoderLM:
     model = aiayn.build_model(
         "llama-style-small",
         **{
-            "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "d_ff": 48, "vocab_size": 50,
-            "max_len": 128, "sliding_window": 5, "init_std": 0.2, **kw,
+            "n_layers": 2,
+            "d_model": 32,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "d_ff": 48,
+            "vocab_size": 50,
+            "max_len": 128,
+            "sliding_window": 5,
+            "init_std": 0.2,
+            **kw,
         },
-    )  # fmt: skip
+    )
     assert isinstance(model, DecoderLM)
     return model.eval()
 

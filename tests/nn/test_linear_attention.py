@@ -53,8 +53,12 @@ def test_parallel_and_recurrent_forms_equal_the_formula(chunk: int) -> None:
     # Recurrent: pieces of any size, carrying the state, give the same outputs.
     pieces, st, start = [], None, 0
     for size in (1, 5, 1, 13, 20):
-        o, st = linear_attention(q[:, :, start : start + size], k[:, :, start : start + size],
-                                 v[:, :, start : start + size], state=st)  # fmt: skip
+        o, st = linear_attention(
+            q[:, :, start : start + size],
+            k[:, :, start : start + size],
+            v[:, :, start : start + size],
+            state=st,
+        )
         pieces.append(o)
         start += size
     torch.testing.assert_close(torch.cat(pieces, 2), expected, atol=1e-9, rtol=1e-7)  # as above

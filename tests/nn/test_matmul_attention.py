@@ -33,8 +33,11 @@ def test_values_and_gradients_equal_pytorch_attention(t: int, s: int, causal: bo
     )
     want = _values_and_grads(
         lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, scale=0.3),
-        q.double(), k.double(), v.double(), d_out.double(),
-    )  # fmt: skip
+        q.double(),
+        k.double(),
+        v.double(),
+        d_out.double(),
+    )
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
         # fp32 vs fp64: 2^-24 ~ 6e-8 per op over 8-term dots and <=16-key sums ~ 1e-6; 10x.
         torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5, msg=name)
@@ -62,8 +65,11 @@ def test_bf16_is_within_bf16_rounding_of_fp64() -> None:
     )
     want = _values_and_grads(
         lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
-        q.double(), k.double(), v.double(), d_out.double(),
-    )  # fmt: skip
+        q.double(),
+        k.double(),
+        v.double(),
+        d_out.double(),
+    )
     for a, b in zip(got, want, strict=True):
         assert a.dtype == torch.bfloat16
         # bf16 keeps 8 bits (2^-8); measured ~1 such epsilon (dk), so 4 leaves room.

@@ -85,9 +85,17 @@ def test_capacity_overflow_is_counted_and_not_computed() -> None:
 def test_every_family_takes_experts_and_reports_router_stats(preset: str, kw: dict) -> None:
     torch.manual_seed(0)
     model = aiayn.build_model(
-        preset, n_layers=2, d_model=16, n_heads=4, d_ff=32, vocab_size=30, max_len=16,
-        n_experts=4, experts_top_k=2, **kw,
-    )  # fmt: skip
+        preset,
+        n_layers=2,
+        d_model=16,
+        n_heads=4,
+        d_ff=32,
+        vocab_size=30,
+        max_len=16,
+        n_experts=4,
+        experts_top_k=2,
+        **kw,
+    )
     ids = torch.randint(1, 30, (2, 6))
     record = Record()
     logits = model(ids, ids, record=record) if preset == "paper-base" else model(ids, record=record)

@@ -95,8 +95,12 @@ def test_a_quantized_model_keeps_its_meaning(published: torch.nn.Module, int8_bi
     0.04 with 7 bits (measured 0.016-0.019 with the 7-bit kernel forced)."""
     from aiayn.generate.encoder import pool
 
-    ids = torch.tensor([[101, 1037, 2158, 2003, 5983, 2833, 1012, 102],
-                        [101, 1996, 4937, 2938, 2006, 1996, 13523, 102]])  # fmt: skip
+    ids = torch.tensor(
+        [
+            [101, 1037, 2158, 2003, 5983, 2833, 1012, 102],
+            [101, 1996, 4937, 2938, 2006, 1996, 13523, 102],
+        ]
+    )
     keep = torch.ones_like(ids, dtype=torch.bool)
     quantized = apply_precision(
         copy.deepcopy(published), torch.device("cpu"), Precision(quantize="int8")
@@ -278,8 +282,21 @@ def test_evaluate_scores_an_int8_language_model(
     its output projection included (every layer's product runs fbgemm's int8 kernel), and
     the loss is near the fp32 model's."""
     (tmp_path / "corpus.txt").write_text(LM_TEXT)
-    args = ["evaluate", "--checkpoint", str(lm_run), "--data", str(tmp_path), "--batches", "4",
-            "--batch-size", "4", "--block", "16", "--device", "cpu"]  # fmt: skip
+    args = [
+        "evaluate",
+        "--checkpoint",
+        str(lm_run),
+        "--data",
+        str(tmp_path),
+        "--batches",
+        "4",
+        "--batch-size",
+        "4",
+        "--block",
+        "16",
+        "--device",
+        "cpu",
+    ]
     kernel_calls: list[int] = []
     forward = DecodingInt8Linear.forward
 

@@ -33,9 +33,17 @@ def tiny_lm(kind: str, vocab_size: int, max_len: int = 64) -> DecoderLM:
     """A 2-layer, 32-wide model of ``kind`` (4 query heads), the same for the same arguments."""
     preset, extra = KINDS[kind]
     torch.manual_seed(0)
-    m = aiayn.build_model(preset, n_layers=2, d_model=32, n_heads=4, d_ff=64,
-                          vocab_size=vocab_size, max_len=max_len, dropout=0.0,
-                          **extra)  # fmt: skip
+    m = aiayn.build_model(
+        preset,
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        vocab_size=vocab_size,
+        max_len=max_len,
+        dropout=0.0,
+        **extra,
+    )
     assert isinstance(m, DecoderLM)
     return m.eval()
 

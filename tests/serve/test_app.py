@@ -37,8 +37,16 @@ GREEDY = SamplingConfig(temperature=0)
 def lm_and_tokenizer(max_len: int = 96) -> tuple[DecoderLM, CharTokenizer]:
     tok = CharTokenizer.from_text(TEXT)
     torch.manual_seed(0)
-    m = aiayn.build_model("gpt2-small", n_layers=2, d_model=32, n_heads=4, d_ff=64,
-                          vocab_size=tok.vocab_size, max_len=max_len, dropout=0.0)  # fmt: skip
+    m = aiayn.build_model(
+        "gpt2-small",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        vocab_size=tok.vocab_size,
+        max_len=max_len,
+        dropout=0.0,
+    )
     assert isinstance(m, DecoderLM)
     return m.eval(), tok
 
@@ -91,8 +99,16 @@ def mt_and_tokenizer() -> tuple[EncoderDecoder, BPETokenizer, list[str]]:
     lines = ["ein hund läuft", "zwei katzen schlafen", "ein mann liest", "der hund schläft"]
     tok = BPETokenizer.from_lines(lines * 4, vocab_size=300)
     torch.manual_seed(0)
-    m = aiayn.build_model("paper-base", n_layers=1, d_model=32, n_heads=4, d_ff=64,
-                          vocab_size=tok.vocab_size, max_len=32, dropout=0.0)  # fmt: skip
+    m = aiayn.build_model(
+        "paper-base",
+        n_layers=1,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        vocab_size=tok.vocab_size,
+        max_len=32,
+        dropout=0.0,
+    )
     assert isinstance(m, EncoderDecoder)
     return m.eval(), tok, lines
 
@@ -121,14 +137,25 @@ def test_stop_and_seed() -> None:
     with client() as (c, m, tok):
         full = offline(m, tok, "a", 30)
         stop = full[5:8]
-        r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 30, "temperature": 0,
-                                            "stop": stop}).json()  # fmt: skip
-        assert r["choices"][0] == {"text": full[: full.find(stop)], "index": 0,
-                                   "logprobs": None, "finish_reason": "stop"}  # fmt: skip
+        r = c.post(
+            "/v1/completions",
+            json={"prompt": "a", "max_tokens": 30, "temperature": 0, "stop": stop},
+        ).json()
+        assert r["choices"][0] == {
+            "text": full[: full.find(stop)],
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
         body = {"prompt": "a", "max_tokens": 15, "temperature": 0.9, "top_k": 4, "seed": 3}
         first, second = (c.post("/v1/completions", json=body).json() for _ in range(2))
-        want = generate(m, [tok.encode("a")], max_new_tokens=15, seed=3,
-                        sampling=SamplingConfig(temperature=0.9, top_k=4))[0]  # fmt: skip
+        want = generate(
+            m,
+            [tok.encode("a")],
+            max_new_tokens=15,
+            seed=3,
+            sampling=SamplingConfig(temperature=0.9, top_k=4),
+        )[0]
         assert first["choices"][0]["text"] == second["choices"][0]["text"] == tok.decode(want)
 
 
@@ -187,15 +214,16 @@ def test_limits_busy_and_stopped() -> None:
 
 def test_token_id_prompts_a_tiny_temperature_and_the_time_of_each_response(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     with client() as (c, _, tok):
-        text = c.post("/v1/completions", json={"prompt": "the", "max_tokens": 8,
-                                               "temperature": 0}).json()  # fmt: skip
+        text = c.post(
+            "/v1/completions", json={"prompt": "the", "max_tokens": 8, "temperature": 0}
+        ).json()
         for prompt in (tok.encode("the"), [tok.encode("the")]):  # OpenAI's token-id forms
-            ids = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8,
-                                                  "temperature": 0}).json()  # fmt: skip
+            ids = c.post(
+                "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}
+            ).json()
             assert ids["choices"][0]["text"] == text["choices"][0]["text"]
         # softmax(l / T) overflowed for a tiny T (a 500); its limit is the greedy choice.
-        r = c.post("/v1/completions", json={"prompt": "the", "max_tokens": 8,
-                                            "temperature": 1e-45})  # fmt: skip
+        r = c.post("/v1/completions", json={"prompt": "the", "max_tokens": 8, "temperature": 1e-45})
         assert r.status_code == 200 and r.json()["choices"] == text["choices"]
         # `created` is when the response was made, not when the app was.
         later = time.time() + 1000
@@ -206,10 +234,13 @@ def test_token_id_prompts_a_tiny_temperature_and_the_time_of_each_response(monke
 
 def test_serving_limits_are_checked_when_the_app_is_built() -> None:
     m, tok = lm_and_tokenizer()
-    for kw, message in [({"max_new_tokens": 0}, "max_new_tokens=0: expected at least 1"),
-                        ({"max_prompt_tokens": -1}, "max_prompt_tokens=-1"),
-                        ({"max_queue": -1}, "max_queue=-1: expected at least 0"),
-                        ({"max_batch": 0}, "max_batch=0"), ({"prefill_chunk": 0}, "prefill_chunk=0")]:  # fmt: skip
+    for kw, message in [
+        ({"max_new_tokens": 0}, "max_new_tokens=0: expected at least 1"),
+        ({"max_prompt_tokens": -1}, "max_prompt_tokens=-1"),
+        ({"max_queue": -1}, "max_queue=-1: expected at least 0"),
+        ({"max_batch": 0}, "max_batch=0"),
+        ({"prefill_chunk": 0}, "prefill_chunk=0"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             create_app(m, tok, **kw)  # type: ignore[arg-type]
 
@@ -222,8 +253,12 @@ def test_metrics_print_large_counters_exactly() -> None:
 
 def test_health_and_metrics_count_what_happened() -> None:
     with client(max_batch=4) as (c, _, _):
-        assert c.get("/health").json() == {"status": "ok", "model": "tiny", "kind": "DecoderLM",
-                                           "max_len": 96}  # fmt: skip
+        assert c.get("/health").json() == {
+            "status": "ok",
+            "model": "tiny",
+            "kind": "DecoderLM",
+            "max_len": 96,
+        }
         for n in (3, 4):
             c.post("/v1/completions", json={"prompt": "a", "max_tokens": n, "temperature": 0})
         r = c.get("/metrics")
@@ -245,8 +280,9 @@ def test_the_openai_client_with_eight_concurrent_requests_and_streams() -> None:
         api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
         def complete(i: int) -> str:
-            r = api.completions.create(model="tiny", prompt=prompts[i], max_tokens=5 + 3 * i,
-                                       temperature=0)  # fmt: skip
+            r = api.completions.create(
+                model="tiny", prompt=prompts[i], max_tokens=5 + 3 * i, temperature=0
+            )
             return r.choices[0].text
 
         with ThreadPoolExecutor(8) as pool:
@@ -254,12 +290,19 @@ def test_the_openai_client_with_eight_concurrent_requests_and_streams() -> None:
         for i, text in enumerate(texts):
             assert text == offline(m, tok, prompts[i], 5 + 3 * i), i
 
-        stream = api.completions.create(model="tiny", prompt="the", max_tokens=12,
-                                        temperature=0, stream=True)  # fmt: skip
+        stream = api.completions.create(
+            model="tiny", prompt="the", max_tokens=12, temperature=0, stream=True
+        )
         streamed = "".join(chunk.choices[0].text for chunk in stream)
         assert streamed == offline(m, tok, "the", 12)
-        stream = api.completions.create(model="tiny", prompt="the", max_tokens=12, temperature=0,
-                                        stream=True, stream_options={"include_usage": True})  # fmt: skip
+        stream = api.completions.create(
+            model="tiny",
+            prompt="the",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = list(stream)
         assert "".join(ch.choices[0].text for ch in chunks[:-1]) == offline(m, tok, "the", 12)
         last = chunks[-1]  # OpenAI's closing chunk: no choices, the usage
@@ -333,15 +376,23 @@ def test_each_model_kind_served_over_http_equals_offline_generate(
     engine._decode_step = counted  # type: ignore[method-assign]
     sampled = SamplingConfig(temperature=0.9, top_k=4)
     cases = [  # (prompt, max_tokens, sampling, seed, stream)
-        (TEXT[:1], 12, GREEDY, None, False), (TEXT[4:19], 9, GREEDY, None, False),
-        (TEXT[10:16], 15, sampled, 5, False), (TEXT[20:40], 7, GREEDY, None, True),
+        (TEXT[:1], 12, GREEDY, None, False),
+        (TEXT[4:19], 9, GREEDY, None, False),
+        (TEXT[10:16], 15, sampled, 5, False),
+        (TEXT[20:40], 7, GREEDY, None, True),
         (TEXT[2:5], 11, GREEDY, None, False),
-    ]  # fmt: skip
+    ]
 
     def complete(url: str, case: tuple[str, int, SamplingConfig, int | None, bool]) -> str:
         prompt, n, sampling, seed, stream = case
-        body = {"prompt": prompt, "max_tokens": n, "temperature": sampling.temperature,
-                "top_k": sampling.top_k, "seed": seed, "stream": stream}  # fmt: skip
+        body = {
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "seed": seed,
+            "stream": stream,
+        }
         if not stream:
             r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
             assert r.status_code == 200, r.text
@@ -379,8 +430,10 @@ def test_a_client_that_leaves_a_non_streaming_request_frees_its_row() -> None:
     with served(app) as url:
         host, port = url.removeprefix("http://").split(":")
         payload = json.dumps({"prompt": "a", "max_tokens": 4000, "temperature": 0}).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-                f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode()  # fmt: skip
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode()
         with socket.create_connection((host, int(port)), timeout=30) as conn:
             conn.sendall(head + payload)
             wait_until(pause.held.is_set, "the engine never reached its next decoding step")
@@ -423,7 +476,7 @@ AIAYN_WITH_CTRL_C = (
     [("lm", "SIGTERM", []), ("lm", "SIGINT", ["--no-batching"]), ("mt", "SIGTERM", [])],
     ids=["lm-SIGTERM", "lm-SIGINT-no-batching", "translation-SIGTERM"],
 )
-def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(
+def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(  # noqa: PLR0915 (one process's life, in order)
     tmp_path: Path, kind: str, stop: str, flags: list[str]
 ) -> None:
     """`aiayn serve` in a process of its own: health, metrics, an exact completion (a language
@@ -451,8 +504,20 @@ def test_the_serve_command_serves_a_checkpoint_and_stops_on_a_signal(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     launch = ["-c", AIAYN_WITH_CTRL_C] if stop == "SIGINT" else ["-m", "aiayn"]
-    cmd = [sys.executable, *launch, "serve", "--checkpoint", str(folder), "--port", str(port),
-           "--max-batch", "2", "--log-level", "warning", *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        *launch,
+        "serve",
+        "--checkpoint",
+        str(folder),
+        "--port",
+        str(port),
+        "--max-batch",
+        "2",
+        "--log-level",
+        "warning",
+        *flags,
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -553,8 +618,16 @@ def test_a_bpe_checkpoint_stops_at_its_end_of_text_token() -> None:
     eos = eos_id(tok)
     assert eos == tok.tok.token_to_id("</s>")
     torch.manual_seed(0)
-    m = aiayn.build_model("gpt2-small", n_layers=1, d_model=32, n_heads=4, d_ff=64,
-                          vocab_size=tok.vocab_size, max_len=64, dropout=0.0)  # fmt: skip
+    m = aiayn.build_model(
+        "gpt2-small",
+        n_layers=1,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        vocab_size=tok.vocab_size,
+        max_len=64,
+        dropout=0.0,
+    )
     assert isinstance(m, DecoderLM)
     m.eval()
     prompt = tok.encode("the quick")
@@ -593,7 +666,17 @@ def test_serve_exits_with_an_error_when_its_port_is_taken(tmp_path) -> None:  # 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cmd = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(tmp_path / "ckpt"),
-               "--port", str(port), "--log-level", "critical"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "aiayn",
+            "serve",
+            "--checkpoint",
+            str(tmp_path / "ckpt"),
+            "--port",
+            str(port),
+            "--log-level",
+            "critical",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"could not serve on 127.0.0.1:{port}" in done.stderr

@@ -280,11 +280,17 @@ def test_sampling_with_a_seed_equals_offline_generate_whatever_the_batch(
     got = Collector()
     ps = prompts(5, seed=2)
     # Greedy rows share one argmax, except one with a repetition penalty: it needs its own.
-    settings = [SamplingConfig(temperature=0.9, top_k=5), SamplingConfig(top_p=0.8),
-                SamplingConfig(temperature=1.2, repetition_penalty=1.3), GREEDY,
-                SamplingConfig(temperature=0, repetition_penalty=3.0)]  # fmt: skip
-    requests = [Request(p, 10, s, seed=7 + i, emit=got.sink(i))
-                for i, (p, s) in enumerate(zip(ps, settings, strict=True))]  # fmt: skip
+    settings = [
+        SamplingConfig(temperature=0.9, top_k=5),
+        SamplingConfig(top_p=0.8),
+        SamplingConfig(temperature=1.2, repetition_penalty=1.3),
+        GREEDY,
+        SamplingConfig(temperature=0, repetition_penalty=3.0),
+    ]
+    requests = [
+        Request(p, 10, s, seed=7 + i, emit=got.sink(i))
+        for i, (p, s) in enumerate(zip(ps, settings, strict=True))
+    ]
     for r in requests:
         engine.submit(r)
     engine.start()  # all five queued first: they decode together

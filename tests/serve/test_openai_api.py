@@ -57,8 +57,14 @@ def greedy_reply(folder: Path, messages: list[dict[str, str]], n: int) -> list[i
 @pytest.fixture(scope="module")
 def chat_url(chat_dir: Path) -> Iterator[str]:
     bundle = load(chat_dir)
-    app = create_app(bundle.model, bundle.tokenizer, name="tiny-chat", max_batch=4,
-                     generation=generation_of(bundle.run), api_key=KEY)  # fmt: skip
+    app = create_app(
+        bundle.model,
+        bundle.tokenizer,
+        name="tiny-chat",
+        max_batch=4,
+        generation=generation_of(bundle.run),
+        api_key=KEY,
+    )
     with served(app) as url:
         yield url
 
@@ -103,10 +109,16 @@ def test_chat_completions_plain_and_streamed_equal_transformers(
     assert got.choices[0].message.content == text
     assert got.choices[0].finish_reason == reason
     assert got.usage is not None and got.usage.prompt_tokens == prompt_tokens
-    chunks = list(client.chat.completions.create(
-        model="tiny-chat", messages=MESSAGES, max_tokens=max_tokens, temperature=0, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True},
-    ))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-chat",
+            messages=MESSAGES,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
@@ -184,9 +196,10 @@ def test_chat_errors_are_named(chat_url: str, tmp_path: Path) -> None:
     client = openai.OpenAI(base_url=f"{chat_url}/v1", api_key=KEY)
     with pytest.raises(openai.BadRequestError, match="tools: not supported"):
         client.chat.completions.create(
-            model="tiny-chat", messages=MESSAGES,  # type: ignore[arg-type]
+            model="tiny-chat",
+            messages=MESSAGES,  # type: ignore[arg-type]
             tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
-        )  # fmt: skip
+        )
     plain = load(chat_folder(tmp_path, eos=[0], template=None))
     with served(create_app(plain.model, plain.tokenizer, name="plain")) as url:
         r = httpx.post(f"{url}/v1/chat/completions", json={"messages": MESSAGES})
@@ -209,8 +222,9 @@ def test_embeddings_equal_sentence_transformers(minilm_want: np.ndarray) -> None
         np.testing.assert_allclose(
             [d.embedding for d in got.data], minilm_want, atol=EMBEDDING_ATOL
         )
-        as_floats = client.embeddings.create(model="minilm", input=TEXTS[0],
-                                             encoding_format="float")  # fmt: skip
+        as_floats = client.embeddings.create(
+            model="minilm", input=TEXTS[0], encoding_format="float"
+        )
         np.testing.assert_allclose(as_floats.data[0].embedding, minilm_want[0], atol=EMBEDDING_ATOL)
         ids = [bundle.tokenizer.encode(t) for t in TEXTS]
         assert got.usage.prompt_tokens == sum(len(i) for i in ids)

@@ -58,8 +58,9 @@ def test_bad_model_settings_are_named(tmp_path: Path, model: str, match: str) ->
 
 
 def test_fine_tuning_compares_settings_by_any_name(tmp_path: Path) -> None:
-    base = aiayn.build_model("gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16,
-                             vocab_size=32, max_len=8)  # fmt: skip
+    base = aiayn.build_model(
+        "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
+    )
     aiayn.save(base, tmp_path / "base")
     path = tmp_path / "tune.toml"
     head = f'[model]\ninit_from = "{tmp_path / "base"}"\n'

@@ -346,8 +346,18 @@ def test_sigkill_while_training_from_token_shards(
     at the weights of the uninterrupted run from the plain file."""
     root, reference = setup
     shards = root / "shards"
-    made = main(["preprocess", str(root / "run.toml"), "--data", str(root), "--out", str(shards),
-                 "--workers", "1"])  # fmt: skip
+    made = main(
+        [
+            "preprocess",
+            str(root / "run.toml"),
+            "--data",
+            str(root),
+            "--out",
+            str(shards),
+            "--workers",
+            "1",
+        ]
+    )
     assert made == 0
     extra = ["--set", "data.shards=shards"]
     for i, point in enumerate(kill_schedule(RANDOM_SEED + 1, 4)):

@@ -48,14 +48,23 @@ def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([TEXT], trainer)
     tok.save(str(folder / "tokenizer.json"))
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=32,
-                                  vocab_size=tok.get_vocab_size(), bos_token_id=0,
-                                  eos_token_id=0)  # fmt: skip
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        n_positions=32,
+        vocab_size=tok.get_vocab_size(),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -146,7 +155,15 @@ def test_only_language_models_start_from_a_checkpoint(
     for key in ("n_layers = 1", "d_model = 32", "n_heads = 4", "d_ff = 64", "max_len = 64"):
         toml = toml.replace(key + "\n", "")
     (tmp_path / "mt.toml").write_text(toml)
-    code = main(["train", str(tmp_path / "mt.toml"), "--out", str(tmp_path / "mt"),
-                 "--data", str(tmp_path / "data")])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(tmp_path / "mt.toml"),
+            "--out",
+            str(tmp_path / "mt"),
+            "--data",
+            str(tmp_path / "data"),
+        ]
+    )
     assert code == 2
     assert "built for language models" in capsys.readouterr().err

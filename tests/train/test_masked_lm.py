@@ -65,8 +65,15 @@ def test_the_loss_is_transformers_masked_lm_loss(bert: Path, tmp_path: Path) -> 
     from aiayn.data.lm_data import TokenStream
 
     stream = TokenStream.from_text(TEXT, bundle.tokenizer, seed=0)
-    task = MaskedLMTask(stream, bundle.tokenizer, vocab_size=run.model.vocab_size,  # type: ignore[arg-type]
-                        batch_size=4, block=24, eval_batches=2, seed=0)  # fmt: skip
+    task = MaskedLMTask(
+        stream,
+        bundle.tokenizer,
+        vocab_size=run.model.vocab_size,  # type: ignore[arg-type]
+        batch_size=4,
+        block=24,
+        eval_batches=2,
+        seed=0,
+    )
     ((inputs, labels),) = task.next_batches(1, 0, 1)
     ours, n = task.loss(bundle.model.eval(), (inputs, labels), Record())
     hf = transformers.BertForMaskedLM.from_pretrained(bert).eval()
@@ -81,8 +88,9 @@ def test_bert_corruption_rates_and_specials() -> None:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 1000, (64, 512), generator=g)
     ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP]
-    inputs, labels = mask_tokens(ids, mask=4, vocab_size=1000, special=torch.tensor([0, 2, 3]),
-                                 generator=g)  # fmt: skip
+    inputs, labels = mask_tokens(
+        ids, mask=4, vocab_size=1000, special=torch.tensor([0, 2, 3]), generator=g
+    )
     chosen = labels != IGNORE
     assert not chosen[:, 0].any() and not chosen[:, -1].any()  # specials are never chosen
     assert torch.equal(labels[chosen], ids[chosen])
@@ -110,8 +118,15 @@ def test_the_task_never_chooses_the_tokenizers_special_tokens(bert: Path) -> Non
     ids = torch.randint(100, 300, (40_000,), generator=g)
     where = torch.rand(ids.shape, generator=g) < 0.25
     ids[where] = specials[torch.randint(len(specials), (int(where.sum()),), generator=g)]
-    task = MaskedLMTask(TokenStream(ids.numpy(), seed=0), tok, batch_size=32, block=64,  # type: ignore[arg-type]
-                        vocab_size=bundle.model.config.vocab_size, eval_batches=1, seed=0)  # fmt: skip
+    task = MaskedLMTask(
+        TokenStream(ids.numpy(), seed=0),
+        tok,
+        batch_size=32,
+        block=64,  # type: ignore[arg-type]
+        vocab_size=bundle.model.config.vocab_size,
+        eval_batches=1,
+        seed=0,
+    )
     assert set(specials.tolist()) <= set(task.special.tolist())
     inputs, labels = (torch.cat(t) for t in zip(*task.next_batches(8, 0, 1), strict=True))
     chosen = labels != IGNORE  # (8 B, T)
@@ -144,7 +159,7 @@ def test_fine_tuning_learns_resumes_and_converts_back(bert: Path, tmp_path: Path
     with torch.no_grad():
         torch.testing.assert_close(
             ours.model.eval()(ids), hf(input_ids=ids).logits, atol=1e-5, rtol=1e-5
-        )  # fmt: skip  (fp32, other sum orders)
+        )
 
 
 def test_the_command_trains_an_encoder_and_needs_a_checkpoint(
@@ -154,7 +169,10 @@ def test_the_command_trains_an_encoder_and_needs_a_checkpoint(
     cfg.write_text(cfg.read_text().replace("max_steps = 8", "max_steps = 2"))
     assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--data", str(tmp_path)]) == 0
     scratch = tmp_path / "scratch.toml"
-    scratch.write_text(TOML.replace('init_from = "{folder}"', 'preset = "bert-base"\nn_layers = 1')
-                       .replace("dropout = 0.1", "dropout = 0.1\nd_model = 32\nn_heads = 4\nd_ff = 64"))  # fmt: skip
+    scratch.write_text(
+        TOML.replace('init_from = "{folder}"', 'preset = "bert-base"\nn_layers = 1').replace(
+            "dropout = 0.1", "dropout = 0.1\nd_model = 32\nn_heads = 4\nd_ff = 64"
+        )
+    )
     code = main(["train", str(scratch), "--out", str(tmp_path / "s"), "--data", str(tmp_path)])
     assert code == 2 and "starts from a checkpoint" in capsys.readouterr().err

@@ -42,8 +42,24 @@ def test_autocast_training_learns_and_keeps_fp32_weights(
 def torchrun(
     n: int, root: Path, cfg: Path, out: str, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(free_port()),
-           "-m", "aiayn", "train", str(cfg), "--out", str(root / out), "--data", str(root), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(n),
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "aiayn",
+        "train",
+        str(cfg),
+        "--out",
+        str(root / out),
+        "--data",
+        str(root),
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
@@ -74,8 +90,16 @@ def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path
     common = ["--set", "model.dropout=0.0", "train.threads=1"]
     one = ["train.grad_accum=2", "train.max_steps=4"]
     assert here(root, cfg, "one", *common, *one) == 0
-    two = torchrun(2, root, cfg, "fsdp", *common, "train.parallel=fsdp", "train.grad_accum=1",
-                   "train.max_steps=4")  # fmt: skip
+    two = torchrun(
+        2,
+        root,
+        cfg,
+        "fsdp",
+        *common,
+        "train.parallel=fsdp",
+        "train.grad_accum=1",
+        "train.max_steps=4",
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     # the gradients reduced across processes: a sum in another order, its rounding grown
     # through the steps (fp32, 2^-23 relative per operation)
@@ -89,8 +113,17 @@ def test_fsdp_matches_one_process_and_resumes_on_another_count(setup: tuple[Path
 
     more = ["train.grad_accum=2", "train.max_steps=8", "train.checkpoint_format=sharded"]
     assert here(root, cfg, "fsdp", *common, *more, "--resume") == 0
-    more_one = torchrun(2, root, cfg, "one", *common, "train.parallel=fsdp", "train.grad_accum=1",
-                        "train.max_steps=8", "--resume")  # fmt: skip
+    more_one = torchrun(
+        2,
+        root,
+        cfg,
+        "one",
+        *common,
+        "train.parallel=fsdp",
+        "train.grad_accum=1",
+        "train.max_steps=8",
+        "--resume",
+    )
     assert more_one.returncode == 0, more_one.stderr[-3000:]
     assert len(losses(root, "fsdp")) == 8
     # the gradients reduced across processes: a sum in another order, its rounding grown

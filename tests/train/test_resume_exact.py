@@ -224,8 +224,18 @@ def test_translation_across_an_epoch_boundary(tmp_path: Path) -> None:
 
 def preprocess(root: Path, data: Path) -> None:
     """``aiayn preprocess`` of the run config ``root/run.toml`` into ``data/shards``."""
-    made = main(["preprocess", str(root / "run.toml"), "--data", str(data), "--out",
-                 str(data / "shards"), "--workers", "1"])  # fmt: skip
+    made = main(
+        [
+            "preprocess",
+            str(root / "run.toml"),
+            "--data",
+            str(data),
+            "--out",
+            str(data / "shards"),
+            "--workers",
+            "1",
+        ]
+    )
     assert made == 0
 
 

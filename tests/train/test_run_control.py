@@ -161,9 +161,12 @@ def test_bad_train_settings_are_named() -> None:
         TrainConfig(max_minutes=-1)
     # Wrong types are named, not a TypeError from a comparison (or, for weight_decay, from
     # inside the optimizer after training had started).
-    for field, value, expected in [("lr", "fast", "a number"), ("weight_decay", "abc", "a number"),
-                                   ("keep_snapshots", "abc", "an integer"),
-                                   ("compile", "yes", "true or false")]:  # fmt: skip
+    for field, value, expected in [
+        ("lr", "fast", "a number"),
+        ("weight_decay", "abc", "a number"),
+        ("keep_snapshots", "abc", "an integer"),
+        ("compile", "yes", "true or false"),
+    ]:
         with pytest.raises(
             ValueError, match=f"TrainConfig.{field}='{value}' is invalid: expected {expected}"
         ):

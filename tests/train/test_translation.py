@@ -26,8 +26,11 @@ def corpus(tmp_path: Path) -> tuple[Path, Path]:
 def test_an_over_long_training_sentence_is_named(corpus: tuple[Path, Path], tmp_path: Path) -> None:
     data, cfg = corpus
     run = load_run_config(cfg, {"model.max_len": 4})
-    with pytest.raises(ValueError, match=r"the training pair at line 1 has a"
-                       r" (source|target) sentence of \d+ tokens, more than the model's max_len=4"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"the training pair at line 1 has a"
+        r" (source|target) sentence of \d+ tokens, more than the model's max_len=4",
+    ):
         train_translation(run, tmp_path / "run", data, progress=False)
     # Own files: the error names the line in the files, empty lines counted.
     (data / "own.de").write_text("\n\nein hund\n\n" + "ein hund läuft " * 40 + "\n")
@@ -135,9 +138,22 @@ def test_two_torchrun_processes_match_one_process(
     one = ["train", str(cfg), "--out", str(tmp_path / "one"), *common, "train.threads=1"]
     assert main([*one, "train.grad_accum=2"]) == 0
     two = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        "-m", "aiayn", "train", str(cfg), "--out", str(tmp_path / "two"), *common, "train.grad_accum=1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "aiayn",
+        "train",
+        str(cfg),
+        "--out",
+        str(tmp_path / "two"),
+        *common,
+        "train.grad_accum=1",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(two, check=True, env=env, capture_output=True, timeout=300)
 
@@ -193,8 +209,22 @@ def test_token_count_batches_pick_the_linear_kernel_at_their_token_budget(
 
 
 def shards_of(cfg: Path, data: Path, *extra: str) -> None:
-    assert main(["preprocess", str(cfg), "--data", str(data), "--out", str(data / "shards"),
-                 "--workers", "1", *extra]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "preprocess",
+                str(cfg),
+                "--data",
+                str(data),
+                "--out",
+                str(data / "shards"),
+                "--workers",
+                "1",
+                *extra,
+            ]
+        )
+        == 0
+    )
 
 
 def test_each_rank_reads_only_the_tokens_of_its_own_batches(corpus: tuple[Path, Path]) -> None:
@@ -233,8 +263,9 @@ def test_shards_that_do_not_fit_the_run_are_named(
 ) -> None:
     data, cfg = corpus
     with pytest.raises(ValueError, match="holds no token shards.*aiayn preprocess"):
-        train_translation(load_run_config(cfg, {"data.shards": "nowhere"}), tmp_path / "r0",
-                          data, progress=False)  # fmt: skip
+        train_translation(
+            load_run_config(cfg, {"data.shards": "nowhere"}), tmp_path / "r0", data, progress=False
+        )
     shards_of(cfg, data)
     short = load_run_config(cfg, {"data.shards": "shards", "model.max_len": 6})
     with pytest.raises(ValueError, match=r"hold a pair of \d+ tokens .*max_len=6.*--max-len 6"):

@@ -1,5 +1,5 @@
 """Position schemes (§3.5 and after): each in its own module, chosen by name through
-aiayn/registry.py; see :mod:`aiayn.nn.positions.base` for the interface."""
+aiayn/registry.py; see ``aiayn.nn.positions.base`` for the interface."""
 
 from aiayn import registry
 from aiayn.config import ModelConfig

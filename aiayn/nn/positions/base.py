@@ -4,13 +4,13 @@ Attention alone is permutation-equivariant: shuffle the tokens and the outputs s
 them.  A position scheme breaks that symmetry at one of three places, and implements only the
 hooks it needs:
 
-* :meth:`PositionScheme.embed` -- a vector added to each token's embedding (the paper's
+* ``PositionScheme.embed`` -- a vector added to each token's embedding (the paper's
   sinusoids, a learned table);
-* :meth:`PositionState.on_qk` -- a transformation of queries and keys inside self-attention
+* ``PositionState.on_qk`` -- a transformation of queries and keys inside self-attention
   (rotary positions);
-* :meth:`PositionState.score_bias` -- an additive bias on the attention scores (ALiBi).
+* ``PositionState.score_bias`` -- an additive bias on the attention scores (ALiBi).
 
-The model asks its scheme once per forward pass for a :class:`PositionState`, given the
+The model asks its scheme once per forward pass for a ``PositionState``, given the
 positions of the new (query) tokens and of every key they attend to -- with a KV cache, the
 keys include the cached positions.  A scheme is registered by name in aiayn/registry.py.
 
@@ -26,22 +26,23 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 
 
 def check_positions(positions: Tensor, max_len: int) -> None:
     """Positions must be integers in [0, max_len)."""
     if positions.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
+        raise UserError(f"positions must be an integer tensor, got {positions.dtype}")
     if not positions.numel() or torch.compiler.is_compiling():
         return  # a captured step's positions come from its static cache, checked on reserve
     low, high = (int(v) for v in torch.aminmax(positions))  # one pass, one sync
     if high >= max_len:
-        raise ValueError(
+        raise UserError(
             f"position {high} is beyond max_len={max_len}: the sequence is"
             f" longer than the model's positions support"
         )
     if low < 0:
-        raise ValueError(f"positions must be >= 0, got {low}")
+        raise UserError(f"positions must be >= 0, got {low}")
 
 
 class PositionState:

@@ -11,11 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserError
 from aiayn.nn.positions.base import PositionScheme, PositionState, check_positions
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE angles for a head size ``dim``; :meth:`forward` gives (cos, sin) for positions."""
+    """RoPE angles for a head size ``dim``; ``forward`` gives (cos, sin) for positions."""
 
     cos_table: Tensor
     sin_table: Tensor
@@ -23,7 +24,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, dim: int, max_len: int, base: float = 10000.0, scaling: float = 1.0) -> None:
         super().__init__()
         if dim % 2:
-            raise ValueError(f"rotary head size must be even, got {dim}")
+            raise UserError(f"rotary head size must be even, got {dim}")
         self.dim, self.max_len, self.base, self.scaling = dim, max_len, base, scaling
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))  # (D/2,)
         angles = (
@@ -67,7 +68,7 @@ class RotaryPositions(PositionScheme):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         if config.head_dim % 2:
-            raise ValueError(f"rotary positions need an even head size, got {config.head_dim}")
+            raise UserError(f"rotary positions need an even head size, got {config.head_dim}")
         p = config.positions
         self.rotary = RotaryEmbedding(config.head_dim, config.max_len, p.rope_base, p.rope_scaling)
 

@@ -14,6 +14,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiayn.data.tokenizer import BPETokenizer
+from aiayn.errors import UserError
 from aiayn.serve.errors import APIError, documented_errors
 from aiayn.serve.served import ServedModel
 
@@ -42,7 +43,7 @@ def router(served: ServedModel) -> APIRouter:
         post-processor adds (a BOS, BERT's [CLS] and [SEP])."""
         try:
             ids = await asyncio.to_thread(_encode, tokenizer, body.prompt, body.add_special_tokens)
-        except ValueError as err:
+        except UserError as err:
             raise APIError(400, f"prompt: {err}") from None
         return {"tokens": ids, "count": len(ids), "max_model_len": served.max_len}
 

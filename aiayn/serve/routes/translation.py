@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from aiayn.errors import UserError
 from aiayn.serve.errors import APIError, documented_errors
 from aiayn.serve.served import ServedModel
 
@@ -34,7 +35,7 @@ def router(served: ServedModel) -> APIRouter:
             raise APIError(400, f"text: 1 to {served.max_batch * 4} lines per request")
         try:
             out = await served.translator(lines, body.beam, http)
-        except ValueError as err:  # a line over the model's length
+        except UserError as err:  # a line over the model's length
             raise APIError(400, str(err)) from err
         return {"model": name, "translations": out if isinstance(body.text, list) else out[0]}
 
