@@ -6,7 +6,7 @@ only when a model is built.  Adding one of these parts means writing its module 
 line here -- nothing else changes (ALiBi was added so: aiayn/nn/positions/alibi.py and the
 line below).  ``register`` adds an entry at run time, from your own code, for experiments.
 
-The table sits below everything else (next to aiayn/config.py, which validates names against
+The table sits below everything else (next to aiayn/config/, which validates names against
 it), so it names implementations without importing them.
 """
 
