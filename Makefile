@@ -4,19 +4,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 export AIAYN_DATA ?= $(abspath ../shared/data)
 
-.PHONY: setup setup-dev setup-browser demo test test-fast lint typecheck docs fmt check-style check-types check-docs check-tests
+.PHONY: setup setup-dev setup-bench setup-browser demo test test-fast lint typecheck docs fmt check-style check-types check-docs check-tests
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# Every dependency is declared once, in pyproject.toml (its extras); torch is pinned here to
+# the CPU wheel, since a looser pin pulls a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
 setup: $(BIN)/python
-	$(BIN)/pip install -q -r requirements.txt
-	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q "$(TORCH)" -e ".[app]"
 
 setup-dev: $(BIN)/python
-	$(BIN)/pip install -q -r requirements-dev.txt
-	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q "$(TORCH)" -e ".[dev]"
+
+# The peers of benchmarks/ (CTranslate2, x-transformers, locust) besides the dev tools.
+setup-bench: $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH)" -e ".[bench]"
 
 # Debian's Chromium for the explorer's end-to-end test (tests/explore/test_browser.py skips
 # without it, unless AIAYN_REQUIRE_BROWSER=1).  Playwright drives it; nothing is downloaded.

@@ -124,7 +124,8 @@ def test_a_command_that_needs_an_extra_names_it(tmp_path: Path) -> None:
 
 def test_the_extras_declared_are_the_ones_named() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert set(declared["optional-dependencies"]) == {*EXTRAS, "dev"}
+    # the extras aiayn.extras names, and the groups of them: app (make setup), dev, bench
+    assert set(declared["optional-dependencies"]) == {*EXTRAS, "app", "dev", "bench"}
     core = " ".join(declared["dependencies"])
     assert not any(p in core for p in ("fastapi", "plotly", "matplotlib", "scikit", "transformers"))
     assert advice("sklearn.datasets", "train") == (

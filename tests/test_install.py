@@ -3,7 +3,7 @@
 Not a view of this environment (tests/test_extras.py does that, for the missing-extra
 messages): a new venv, ``pip install`` of this source tree without extras (its build, its
 declared dependencies), then the installed ``aiayn`` command trains a few steps and
-translates.  torch is pinned to the CPU wheel that requirements.txt names, as a user of this
+translates.  torch is pinned to the CPU wheel that the Makefile names, as a user of this
 machine would, so that pip does not resolve ``torch>=2.5`` to a CUDA build; that build is this
 environment's own, linked into the new one (its files and its dist-info) rather than unpacked
 again: 700 MB of copying would be most of the test's time and prove nothing more.  pip still
@@ -26,10 +26,10 @@ EXTRAS_ONLY = ("fastapi", "uvicorn", "plotly", "matplotlib", "sklearn", "mlxtend
 
 
 def torch_pin() -> str:
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
-        if line.startswith("torch=="):
-            return line.split("#")[0].strip()
-    raise AssertionError("requirements.txt pins no torch==")
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith("TORCH := torch=="):
+            return line.removeprefix("TORCH := ").strip()
+    raise AssertionError("the Makefile pins no TORCH := torch==")
 
 
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
