@@ -175,7 +175,7 @@ def peer_training(device: torch.device, quick: bool) -> dict[str, float]:
 
 def generation(device: torch.device, quick: bool) -> dict[str, dict[str, float]]:
     """GPT-2-small shape, greedy, 32 + 128 tokens: aiayn against HF generate."""
-    from aiayn.interop.hf import to_hf_gpt2
+    from aiayn.interop.gpt2 import to_hf_gpt2
 
     kw = dict(n_layers=2, d_model=64, n_heads=4, d_ff=256) if quick else {}
     torch.manual_seed(0)

@@ -55,7 +55,7 @@ from aiayn.config import ModelConfig, get_preset
 from aiayn.device import cpu_has_bf16
 from aiayn.generate import SamplingConfig, generate
 from aiayn.inspect.calc import training_flops_per_token
-from aiayn.interop.hf import to_hf_gpt2
+from aiayn.interop.gpt2 import to_hf_gpt2
 from aiayn.models.precision import Precision, apply_precision
 
 ENGINE_ROOT = Path(__file__).resolve().parent / ".engines"  # the HF folders all engines read

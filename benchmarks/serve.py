@@ -14,7 +14,7 @@ Four servers, each a process of its own on 127.0.0.1, all started before the fir
 * ``aiayn-unbatched``: the same server with ``--no-batching`` (one request decodes at a time);
 * ``hf``: a FastAPI endpoint (this file, ``--hf-server``) that runs HF GPT2LMHeadModel's
   ``generate`` with its KV cache, one request at a time, streaming through a ``BaseStreamer``;
-  the weights are the same (aiayn.interop.hf).
+  the weights are the same (aiayn.interop.gpt2).
 
 ``--baseline REF`` adds a fifth: ``aiayn serve`` as it was at git REF (``git archive``, run
 with ``PYTHONPATH`` ahead of the installed package), and each server's tokens/s over it -- how
@@ -99,7 +99,7 @@ def hf_server(checkpoint: str, port: int) -> None:
     from transformers.generation.streamers import BaseStreamer
 
     from aiayn.checkpoint import load
-    from aiayn.interop.hf import to_hf_gpt2
+    from aiayn.interop.gpt2 import to_hf_gpt2
 
     bundle = load(checkpoint)
     model = to_hf_gpt2(bundle.model.eval(), attn_implementation="sdpa").eval()  # type: ignore[arg-type]

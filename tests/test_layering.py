@@ -8,16 +8,18 @@ The layers, bottom to top (docs/ARCHITECTURE.md explains each):
                             the command line turns into exit codes
     1 nn, data              the mechanism; tokenizers, datasets, batching
     2 models                the three families, built from nn
-    3 checkpoint, interop   reading and writing folders of weights (ours, Hugging Face's)
-    4 generate              greedy, sampling, beam search, translation
-    5 evaluate              BLEU/chrF, perplexity
-    6 train                 the loop, tasks, checkpoints of a run
-    7 inspect               figures, calculators, recorded scores
-    8 explore, experiment,  the browser explorer; sweeps of training runs (Table 3, scaling);
+    3 interop               Hugging Face's folders and weights, family by family
+    4 checkpoint            our folders of weights, and the one loader (ours, a run's, HF's)
+    5 generate              greedy, sampling, beam search, translation
+    6 evaluate              BLEU/chrF, perplexity
+    7 train                 the loop, tasks, checkpoints of a run
+    8 inspect               figures, calculators, recorded scores
+    9 explore, experiment,  the browser explorer; sweeps of training runs (Table 3, scaling);
       serve                 the HTTP generation server
-    9 cli                   the command line (and the package's own re-exports)
+   10 cli                   the command line (and the package's own re-exports)
 
-Every import counts, including those inside functions.
+Every import counts, including those inside functions, and no two packages import each other
+(a cycle), even within one layer.
 """
 
 from __future__ import annotations
@@ -36,18 +38,18 @@ LAYERS = {
     "nn": 1,
     "data": 1,
     "models": 2,
-    "checkpoint": 3,
     "interop": 3,
-    "generate": 4,
-    "evaluate": 5,
-    "train": 6,
-    "inspect": 7,
-    "explore": 8,
-    "experiment": 8,
-    "serve": 8,
-    "cli": 9,
-    "__main__": 9,
-    "__init__": 9,  # aiayn/__init__.py: the public API re-exports
+    "checkpoint": 4,
+    "generate": 5,
+    "evaluate": 6,
+    "train": 7,
+    "inspect": 8,
+    "explore": 9,
+    "experiment": 9,
+    "serve": 9,
+    "cli": 10,
+    "__main__": 10,
+    "__init__": 10,  # aiayn/__init__.py: the public API re-exports
 }
 
 
@@ -94,6 +96,39 @@ def test_no_import_runs_up_the_layers() -> None:
                     f" imports {target} (layer {LAYERS[target]})"
                 )
     assert not violations, "\n".join(violations)
+
+
+def _unit_imports(root: Path) -> dict[tuple[str, str], str]:
+    """(importer, imported) unit pairs of the package at ``root``, each with its first
+    place."""
+    edges: dict[tuple[str, str], str] = {}
+    for path in sorted(root.rglob("*.py")):
+        here = unit(path.relative_to(root.parent).parts)
+        for line, target in imports(path):
+            if target != here:
+                edges.setdefault((here, target), f"{path.relative_to(root.parent)}:{line}")
+    return edges
+
+
+def _cycles(edges: dict[tuple[str, str], str]) -> list[str]:
+    return [
+        f"{a} <-> {b}: {where} and {edges[(b, a)]}"
+        for (a, b), where in sorted(edges.items())
+        if a < b and (b, a) in edges
+    ]
+
+
+def test_no_two_packages_import_each_other() -> None:
+    cycles = _cycles(_unit_imports(ROOT))
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_cycle_checker_sees_a_lazy_cycle(tmp_path: Path) -> None:
+    for name, body in [("interop", "train"), ("train", "interop")]:
+        path = tmp_path / "aiayn" / name / "m.py"
+        path.parent.mkdir(parents=True)
+        path.write_text(f"def f():\n    from aiayn.{body}.m import f\n")
+    assert len(_cycles(_unit_imports(tmp_path / "aiayn"))) == 1
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from aiayn.checkpoint.bundle import (
     save_bundle,
     save_with_companions,
 )
-from aiayn.checkpoint.loader import is_hf_folder, load, read_model_config
+from aiayn.checkpoint.loader import convert_from_hf, is_hf_folder, load, read_model_config
 from aiayn.checkpoint.model import CONFIG_FILE, WEIGHTS_FILE, load_model, read_config, save
 from aiayn.checkpoint.run_dir import RunDir, TrainState
 
@@ -35,6 +35,7 @@ __all__ = [
     "Bundle",
     "RunDir",
     "TrainState",
+    "convert_from_hf",
     "is_bundle",
     "is_hf_folder",
     "load",

@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from aiayn.checkpoint.bundle import Bundle, read_bundle
+from aiayn.checkpoint.bundle import Bundle, read_bundle, save_bundle
 from aiayn.checkpoint.model import CONFIG_FILE, read_config
 from aiayn.checkpoint.run_dir import RunDir
 from aiayn.config import ModelConfig
@@ -66,12 +66,10 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu") -> Bundle:
     folder = checkpoint_of(path)
     if not is_hf_folder(folder):
         return read_bundle(folder, device=device)
-    from aiayn.interop.hf_folder import load_hf_bundle  # same layer: interop reads HF's files
+    from aiayn.interop.hf_folder import load_hf  # the layer below: interop reads HF's files
 
-    bundle = load_hf_bundle(folder)
-    if device != "cpu":
-        bundle.model.to(device)
-    return bundle
+    model, tokenizer, run = load_hf(folder)
+    return Bundle(model.to(device), tokenizer, run, folder)
 
 
 def read_model_config(path: str | os.PathLike[str]) -> ModelConfig:
@@ -82,3 +80,19 @@ def read_model_config(path: str | os.PathLike[str]) -> ModelConfig:
     from aiayn.interop.hf_folder import read_hf_config
 
     return read_hf_config(folder)
+
+
+def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """An HF checkpoint folder as an aiayn checkpoint (model, tokenizer, run.json): what
+    ``aiayn generate``, ``evaluate`` and ``explore`` read."""
+    from aiayn.interop.hf_folder import load_hf_folder, load_hf_tokenizer
+
+    model = load_hf_folder(directory)
+    tokenizer = load_hf_tokenizer(directory)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
+            f" vocab_size={model.config.vocab_size}"
+        )
+    run = {"model": model.config.to_dict(), "source": {"huggingface": str(Path(directory))}}
+    return save_bundle(out, model, tokenizer, run)

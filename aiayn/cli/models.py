@@ -51,8 +51,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Hugging Face checkpoint folders in (--from-hf) and out (--to-hf FAMILY); a checkpoint
     with int8 weights (--quantize int8)."""
     from aiayn.checkpoint import load
+    from aiayn.checkpoint.loader import convert_from_hf
     from aiayn.data.tokenizer import BPETokenizer
-    from aiayn.interop.hf_folder import convert_from_hf, save_hf_folder
+    from aiayn.interop.hf_folder import save_hf_folder
     from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM
 
     _check_out(args.out, args.overwrite)

@@ -27,10 +27,10 @@ from aiayn.config import ModelConfig
 from aiayn.interop.hf import (
     NameMap,
     Reading,
-    _check,
-    _transformers,
+    check_fields,
     copied_from_hf,
     copied_to_hf,
+    import_transformers,
 )
 from aiayn.interop.marian import SHARED_COPIES, marian_names, seq2seq_config, seq2seq_fields
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -50,7 +50,7 @@ def config_from_bart(hf_config: Any) -> ModelConfig:
     """``BartConfig`` -> a post-LN encoder-decoder with biases, learned positions, an
     embedding norm per stack and tied embeddings."""
     c = hf_config
-    _check("BartConfig", c, activation_function=tuple(_ACTIVATIONS))
+    check_fields("BartConfig", c, activation_function=tuple(_ACTIVATIONS))
     return seq2seq_config(c, "BartConfig", _ACTIVATIONS[c.activation_function], embedding_norm=True)
 
 
@@ -58,10 +58,10 @@ def _bart_config(config: ModelConfig, attn_implementation: str | None, **ids: in
     """ModelConfig -> ``BartConfig`` (inverse of ``config_from_bart``)."""
     fields = seq2seq_fields(config, "BART", _ACTIVATIONS_BACK)
     want = "ModelConfig (for BART)"
-    _check(want, config, embedding_norm=(True,), norm_eps=(1e-5,), type_vocab_size=(0,))
+    check_fields(want, config, embedding_norm=(True,), norm_eps=(1e-5,), type_vocab_size=(0,))
     pad = config.pad_id if config.pad_id is not None else 1
     eos = ids.get("eos", 2)
-    return _transformers().BartConfig(
+    return import_transformers().BartConfig(
         **fields,
         pad_token_id=pad,
         bos_token_id=ids.get("bos", 0),
@@ -112,7 +112,7 @@ def to_hf_bart(model: EncoderDecoder, *, attn_implementation: str | None = None)
     """A ``BartForConditionalGeneration`` with ``model``'s weights (the position tables' two
     unused rows are zeros)."""
     hf_config = _bart_config(model.config, attn_implementation)
-    hf_model = _transformers().BartForConditionalGeneration(hf_config)
+    hf_model = import_transformers().BartForConditionalGeneration(hf_config)
     for stack in (hf_model.model.encoder, hf_model.model.decoder):
         stack.embed_positions.weight.data[:OFFSET].zero_()
     return copied_to_hf(model, hf_model, bart_names(model.config), "BART")

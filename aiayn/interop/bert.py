@@ -19,7 +19,7 @@ Name mapping (per layer ``i``; aiayn <- HF, under ``bert.`` in BertForMaskedLM):
 * head.dense / head.norm / head.proj.bias <- cls.predictions.transform.dense /
   transform.LayerNorm / cls.predictions.bias; head.proj.weight is tied to the word embeddings
 
-Strict both ways, as for the decoders (aiayn/interop/hf.py): every weight mapped exactly once.
+Strict both ways, as for the decoders (aiayn/interop/hf.py, gpt2.py, llama.py): every weight mapped exactly once.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from aiayn.errors import CheckpointError
 from aiayn.interop.hf import (
     NameMap,
     Reading,
-    _check,
-    _transformers,
+    check_fields,
     copied_from_hf,
     copied_to_hf,
+    import_transformers,
     weights_and_biases,
 )
 from aiayn.models.encoder import EncoderLM
@@ -54,8 +54,10 @@ def config_from_bert(hf_config: Any, *, pooler: bool, mlm_head: bool) -> ModelCo
     """``BertConfig`` -> an encoder: post-LN, learned positions, GELU, token types, a norm
     over the embeddings; with the pooler and/or the masked-LM head."""
     c = hf_config
-    _check("BertConfig", c, hidden_act=tuple(_ACTIVATIONS), is_decoder=(False,))
-    _check("BertConfig", c, add_cross_attention=(False,), position_embedding_type=("absolute",))
+    check_fields("BertConfig", c, hidden_act=tuple(_ACTIVATIONS), is_decoder=(False,))
+    check_fields(
+        "BertConfig", c, add_cross_attention=(False,), position_embedding_type=("absolute",)
+    )
     return ModelConfig.from_dict(
         dict(
             arch="encoder",
@@ -89,13 +91,15 @@ def _bert_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     """ModelConfig -> ``BertConfig`` (inverse of ``config_from_bert``)."""
     c = config
     want = "ModelConfig (for BERT)"
-    _check(want, c, arch=("encoder",), positional=("learned",), norm=("layernorm",))
-    _check(want, c, norm_position=("post",), activation=tuple(_ACTIVATIONS_BACK), bias=(True,))
+    check_fields(want, c, arch=("encoder",), positional=("learned",), norm=("layernorm",))
+    check_fields(
+        want, c, norm_position=("post",), activation=tuple(_ACTIVATIONS_BACK), bias=(True,)
+    )
     heads = c.attention.n_heads
-    _check(want, c, scale_embeddings=(False,), kv_heads=(heads,), embedding_norm=(True,))
-    _check(want, c, head_dim=(c.d_model // heads,), attention_score=("dot",))
-    _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
-    return _transformers().BertConfig(
+    check_fields(want, c, scale_embeddings=(False,), kv_heads=(heads,), embedding_norm=(True,))
+    check_fields(want, c, head_dim=(c.d_model // heads,), attention_score=("dot",))
+    check_fields(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
+    return import_transformers().BertConfig(
         vocab_size=c.vocab_size,
         hidden_size=c.d_model,
         num_hidden_layers=c.n_layers,
@@ -200,7 +204,7 @@ def to_hf_bert(model: EncoderLM, *, attn_implementation: str | None = None) -> A
     """A ``BertForMaskedLM`` (a model with the masked-LM head) or a ``BertModel`` (one
     without it) with ``model``'s weights."""
     c = model.config
-    transformers = _transformers()
+    transformers = import_transformers()
     hf_config = _bert_config(c, attn_implementation)
     if c.mlm_head:
         if c.pooler:

@@ -5,8 +5,8 @@ Everything that depends on the family -- how a folder's ``config.json`` becomes 
 copies or computed, which aiayn model it builds, what ``architectures`` a written folder names
 -- is looked up here by ``config.json``'s ``model_type`` (``family_of``); nothing else
 branches on the family.  The conversions themselves live in one module per family:
-aiayn/interop/hf.py (GPT-2 and the Llama family: Llama, Mistral, Qwen2, Mixtral), bert.py,
-marian.py and bart.py.  A new family is one such module and one line in ``FAMILIES``.
+gpt2.py, llama.py (Llama, Mistral, Qwen2, Mixtral as its variants), bert.py, marian.py and
+bart.py; hf.py holds what they share.  A new family is one such module and one line in ``FAMILIES``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from aiayn.config import ModelConfig
 from aiayn.errors import CheckpointError
-from aiayn.interop import bart, bert, hf, marian
+from aiayn.interop import bart, bert, gpt2, llama, marian
 from aiayn.interop.hf import NameMap, Reading
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
 
@@ -47,25 +47,25 @@ class Family:
     fill_unstored: Callable[[TransformerModel, Collection[str]], set[str]] = _computes_nothing
 
 
-def _llama(variant: hf.LlamaVariant) -> Family:
+def _llama(variant: llama.LlamaVariant) -> Family:
     return Family(
         variant.name,
         variant.name.lower(),
         DecoderLM,
-        read=lambda c, stored: hf.read_llama(c, stored, variant),
-        write=lambda config: hf.write_llama(config, variant),
-        from_hf=lambda m: hf.llama_from_hf(m, variant),
+        read=lambda c, stored: llama.read_llama(c, stored, variant),
+        write=lambda config: llama.write_llama(config, variant),
+        from_hf=lambda m: llama.llama_from_hf(m, variant),
     )
 
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family("GPT-2", "gpt2", DecoderLM, hf.read_gpt2, hf.write_gpt2, hf.from_hf_gpt2),
-        _llama(hf.LLAMA),
-        _llama(hf.MISTRAL),
-        _llama(hf.QWEN2),
-        _llama(hf.MIXTRAL),
+        Family("GPT-2", "gpt2", DecoderLM, gpt2.read_gpt2, gpt2.write_gpt2, gpt2.from_hf_gpt2),
+        _llama(llama.LLAMA),
+        _llama(llama.MISTRAL),
+        _llama(llama.QWEN2),
+        _llama(llama.MIXTRAL),
         Family(
             "BERT",
             "bert",

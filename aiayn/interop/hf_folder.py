@@ -21,7 +21,9 @@ the adapter.  A BERT folder loads with what it holds: the pooler if its weights 
 the masked-LM head if its weights are there (bert-base-uncased and its kin hold both, plus a
 next-sentence head, which is left out).
 
-``aiayn.checkpoint.load`` reads an HF folder through ``load_hf_bundle``.
+``aiayn.checkpoint.load`` reads an HF folder through ``load_hf``, and
+``aiayn.checkpoint.convert_from_hf`` writes one as an aiayn checkpoint; this package sits below
+``checkpoint`` and imports nothing of it.
 """
 
 from __future__ import annotations
@@ -40,13 +42,12 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from aiayn.atomic import inside, write_atomically
-from aiayn.checkpoint.bundle import Bundle, save_bundle
 from aiayn.config import ModelConfig
-from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
+from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer, Tokenizer
 from aiayn.errors import CheckpointError
 from aiayn.interop.families import Family, family_of
 from aiayn.interop.generation_config import read_generation
-from aiayn.interop.hf import NameMap, Reading, _transformers, split_index
+from aiayn.interop.hf import NameMap, Reading, import_transformers, split_index
 from aiayn.interop.json_files import read_json_object
 from aiayn.interop.tokenizer_config import apply_settings, read_settings
 from aiayn.models import TransformerModel
@@ -96,7 +97,7 @@ def _plan(folder: Path) -> tuple[Family, Reading, dict[str, Path], dict[str, str
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} is not a Hugging Face checkpoint folder: no config.json")
     family = family_of(read_json_object(folder / "config.json").get("model_type"))
-    hf_config = _transformers().AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    hf_config = import_transformers().AutoConfig.from_pretrained(str(folder), local_files_only=True)
     files = _weight_files(folder)
     stored_as: dict[str, str] = {}
     if family.renames:
@@ -132,9 +133,9 @@ def load_hf_folder(directory: str | os.PathLike[str]) -> TransformerModel:
     return model.eval()
 
 
-def load_hf_bundle(directory: str | os.PathLike[str]) -> Bundle:
-    """Model, tokenizer and generation ids (BOS / PAD / EOS) of a Hugging Face folder, read
-    in place: what ``aiayn.checkpoint.load`` gives for one."""
+def load_hf(directory: str | os.PathLike[str]) -> tuple[TransformerModel, Tokenizer, dict]:
+    """Model, tokenizer and run config (with the generation ids: BOS / PAD / EOS) of a
+    Hugging Face folder, read in place: what ``aiayn.checkpoint.load`` makes a ``Bundle`` of."""
     folder = Path(directory)
     model = load_hf_folder(folder)
     run = {
@@ -142,7 +143,7 @@ def load_hf_bundle(directory: str | os.PathLike[str]) -> Bundle:
         "source": {"huggingface": str(folder)},
         "generation": read_generation(folder).to_dict(),
     }
-    return Bundle(model, load_hf_tokenizer(folder), run, folder)
+    return model, load_hf_tokenizer(folder), run
 
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
@@ -371,7 +372,7 @@ def _from_sentencepiece(folder: Path) -> BPETokenizer:
             " protobuf to read it"
         ) from err
     try:
-        hf = _transformers().AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        hf = import_transformers().AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as err:
         raise CheckpointError(f"cannot convert {folder / 'tokenizer.model'}: {err}") from err
     backend = getattr(hf, "backend_tokenizer", None)
@@ -422,20 +423,6 @@ def _normalize_as_sentencepiece(backend: Any, model: bytes) -> None:
     backend.pre_tokenizer = None
 
 
-def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
-    """An HF checkpoint folder as an aiayn checkpoint (model, tokenizer, run.json): what
-    ``aiayn generate``, ``evaluate`` and ``explore`` read."""
-    model = load_hf_folder(directory)
-    tokenizer = load_hf_tokenizer(directory)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise CheckpointError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
-            f" vocab_size={model.config.vocab_size}"
-        )
-    run = {"model": model.config.to_dict(), "source": {"huggingface": str(Path(directory))}}
-    return save_bundle(out, model, tokenizer, run)
-
-
 def save_hf_folder(
     model: TransformerModel,
     directory: str | os.PathLike[str],
@@ -451,7 +438,7 @@ def save_hf_folder(
     hf_config, names = family_of(family).write(model.config)
     tensors = _hf_tensors(model, names)
     stored = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    major = int(_transformers().__version__.split(".")[0])
+    major = int(import_transformers().__version__.split(".")[0])
     setattr(hf_config, "dtype" if major >= 5 else "torch_dtype", stored)  # renamed in 5.0
 
     def fill(tmp: Path) -> None:

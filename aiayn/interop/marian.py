@@ -40,10 +40,10 @@ from aiayn.errors import CheckpointError
 from aiayn.interop.hf import (
     NameMap,
     Reading,
-    _check,
-    _transformers,
+    check_fields,
     copied_from_hf,
     copied_to_hf,
+    import_transformers,
     weights_and_biases,
 )
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -107,12 +107,14 @@ def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]
     ``config`` is one (``activations`` maps aiayn's names to the family's)."""
     c = config
     want = f"ModelConfig (for {family})"
-    _check(want, c, arch=("encoder-decoder",), positional=("learned",), norm=("layernorm",))
-    _check(want, c, norm_position=("post",), activation=tuple(activations), bias=(True,))
-    _check(want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.attention.n_heads,))
-    _check(want, c, head_dim=(c.d_model // c.attention.n_heads,), attention_score=("dot",))
-    _check(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
-    _check(want, c, src_vocab_size=(None, c.vocab_size))
+    check_fields(want, c, arch=("encoder-decoder",), positional=("learned",), norm=("layernorm",))
+    check_fields(want, c, norm_position=("post",), activation=tuple(activations), bias=(True,))
+    check_fields(
+        want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.attention.n_heads,)
+    )
+    check_fields(want, c, head_dim=(c.d_model // c.attention.n_heads,), attention_score=("dot",))
+    check_fields(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
+    check_fields(want, c, src_vocab_size=(None, c.vocab_size))
     return dict(
         vocab_size=c.vocab_size,
         d_model=c.d_model,
@@ -136,18 +138,22 @@ def config_from_marian(hf_config: Any) -> ModelConfig:
     """``MarianConfig`` -> a post-LN encoder-decoder with biases, tied embeddings and Marian's
     position tables."""
     c = hf_config
-    _check("MarianConfig", c, activation_function=tuple(_ACTIVATIONS), normalize_before=(False,))
-    _check("MarianConfig", c, share_encoder_decoder_embeddings=(True,), add_bias_logits=(False,))
-    _check("MarianConfig", c, decoder_vocab_size=(None, c.vocab_size))
+    check_fields(
+        "MarianConfig", c, activation_function=tuple(_ACTIVATIONS), normalize_before=(False,)
+    )
+    check_fields(
+        "MarianConfig", c, share_encoder_decoder_embeddings=(True,), add_bias_logits=(False,)
+    )
+    check_fields("MarianConfig", c, decoder_vocab_size=(None, c.vocab_size))
     return seq2seq_config(c, "MarianConfig", _ACTIVATIONS[c.activation_function])
 
 
 def _marian_config(config: ModelConfig, attn_implementation: str | None, **ids: int) -> Any:
     """ModelConfig -> ``MarianConfig`` (inverse of ``config_from_marian``)."""
     fields = seq2seq_fields(config, "Marian", _ACTIVATIONS_BACK)
-    _check("ModelConfig (for Marian)", config, embedding_norm=(False,))
+    check_fields("ModelConfig (for Marian)", config, embedding_norm=(False,))
     pad = config.pad_id if config.pad_id is not None else config.vocab_size - 1
-    return _transformers().MarianConfig(
+    return import_transformers().MarianConfig(
         **fields,
         pad_token_id=pad,
         decoder_start_token_id=ids.get("start", pad),
@@ -238,5 +244,7 @@ def from_hf_marian(hf_model: Any) -> EncoderDecoder:
 
 def to_hf_marian(model: EncoderDecoder, *, attn_implementation: str | None = None) -> Any:
     """A ``MarianMTModel`` with ``model``'s weights."""
-    hf_model = _transformers().MarianMTModel(_marian_config(model.config, attn_implementation))
+    hf_model = import_transformers().MarianMTModel(
+        _marian_config(model.config, attn_implementation)
+    )
     return copied_to_hf(model, hf_model, marian_names(model.config), "Marian")

@@ -16,12 +16,10 @@ import transformers
 
 from aiayn.config import ModelConfig
 from aiayn.interop.families import from_hf
-from aiayn.interop.hf import (
-    config_from_gpt2,
+from aiayn.interop.gpt2 import config_from_gpt2, from_hf_gpt2, to_hf_gpt2
+from aiayn.interop.llama import (
     config_from_llama,
-    from_hf_gpt2,
     from_hf_llama,
-    to_hf_gpt2,
     to_hf_llama,
     to_hf_mistral,
     to_hf_qwen2,
@@ -381,7 +379,7 @@ def test_mixtral_routing_logits_and_cache_match(
 ) -> None:
     """Mixtral: HF's router (softmax over all experts, top k, renormalised) and its fused
     experts, logit for logit over a full pass and over cached decoding; round trip exact."""
-    from aiayn.interop.hf import to_hf_mixtral
+    from aiayn.interop.llama import to_hf_mixtral
 
     hf = llama_family(
         "Mixtral",
