@@ -123,6 +123,15 @@ def test_no_two_packages_import_each_other() -> None:
     assert not cycles, "\n".join(cycles)
 
 
+READERS = ("inspect", "explore")
+
+
+def test_inspect_and_explore_read_runs_without_train() -> None:
+    # a run's folder is read through aiayn.config.run, not the training package
+    edges = _unit_imports(ROOT)
+    assert not [where for (a, b), where in edges.items() if b == "train" and a in READERS]
+
+
 def test_the_cycle_checker_sees_a_lazy_cycle(tmp_path: Path) -> None:
     for name, body in [("interop", "train"), ("train", "interop")]:
         path = tmp_path / "aiayn" / name / "m.py"

@@ -189,10 +189,10 @@ def _evaluate_lm_eval(args: argparse.Namespace, model: object, tokenizer: object
 
 
 def _evaluate_images(model: object, run: dict[str, object]) -> int:
+    from aiayn.config.run import DataConfig
     from aiayn.data.images import load_split
     from aiayn.evaluate.images import baselines, score_classifier
     from aiayn.models.vision import VisionTransformer
-    from aiayn.train.config import DataConfig
 
     assert isinstance(model, VisionTransformer)
     d = DataConfig(**run.get("data", {}))  # type: ignore[arg-type]

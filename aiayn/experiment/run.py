@@ -36,6 +36,7 @@ from typing import Any
 
 from aiayn.checkpoint import RunDir, load, read_run
 from aiayn.config import dotted_settings
+from aiayn.config.run import RunConfig
 from aiayn.data.batching import batch_shapes
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
@@ -46,7 +47,6 @@ from aiayn.experiment.spec import Sweep, Variant
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.calc import training_flops_per_token, translation_batch_flops
 from aiayn.models import EncoderDecoder
-from aiayn.train.config import RunConfig
 from aiayn.train.lm import train_lm
 from aiayn.train.loop import FitResult
 from aiayn.train.translate import encode_pairs, load_pairs, train_translation
@@ -88,7 +88,7 @@ def _defaults() -> dict[str, dict[str, Any]]:
     """Every setting's default, per table (the model's by dotted names): a run saved before a
     setting existed ran with it."""
     from aiayn.config import ModelConfig
-    from aiayn.train.config import DataConfig, TrainConfig
+    from aiayn.config.run import DataConfig, TrainConfig
 
     return json.loads(
         json.dumps(

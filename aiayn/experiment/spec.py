@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiayn.config.run import RunConfig
 from aiayn.errors import ConfigError
-from aiayn.train.config import RunConfig, load_run_config
+from aiayn.train.config import load_run_config
 
 # Settings that would give a variant other training data or another amount of it.
 FIXED = (

@@ -76,10 +76,10 @@ def _text_model(loaded: Loaded) -> None:
 def image_view(loaded: Loaded, index: int, *, head: int | None = None) -> dict[str, Any]:
     """One test image of an image model: its pixels, the class probabilities, and where the
     [CLS] token attends over the patches in every layer (aiayn/inspect/image_attention.py)."""
+    from aiayn.config.run import DataConfig
     from aiayn.data.images import load_split
     from aiayn.inspect.image_attention import cls_attention
     from aiayn.models.vision import VisionTransformer
-    from aiayn.train.config import DataConfig
 
     model = loaded.model
     if not isinstance(model, VisionTransformer):

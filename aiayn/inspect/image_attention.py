@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from aiayn.checkpoint import load
+from aiayn.config.run import DataConfig
 from aiayn.data.images import load_split
 from aiayn.errors import UserError
 from aiayn.models.vision import VisionTransformer
-from aiayn.train.config import DataConfig
 
 
 def cls_attention(

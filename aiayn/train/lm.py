@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from aiayn.config.run import RunConfig
 from aiayn.data.files import read_text
 from aiayn.data.lm_data import TokenStream
 from aiayn.data.preprocess import tokenizer_digest
@@ -21,7 +22,6 @@ from aiayn.errors import UserError
 from aiayn.evaluate.perplexity import evaluate_lm, lm_loss
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.context import Record
-from aiayn.train.config import RunConfig
 from aiayn.train.loop import FitResult, train_run
 
 

@@ -41,12 +41,12 @@ from aiayn.checkpoint.run_dir import RunDir, TrainState
 from aiayn.checkpoint.run_lock import writer_lock
 from aiayn.checkpoint.sharded import load_sharded
 from aiayn.config import ModelConfig, differing_fields
+from aiayn.config.run import RunConfig, TrainConfig
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.device import resolve_device, resolve_dtype
 from aiayn.errors import NonFiniteLoss, TrainingInterrupted, UserError
 from aiayn.models import DecoderLM, EncoderLM, TransformerModel
 from aiayn.nn import cpu_kernels
-from aiayn.train.config import RunConfig, TrainConfig
 from aiayn.train.logger import RunLogger
 from aiayn.train.optim import build_adamw
 from aiayn.train.parallel import (

@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
+from aiayn.config.run import RunConfig
 from aiayn.data.lm_data import TokenStream
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer
 from aiayn.errors import UserError
 from aiayn.generate.encoder import mask_id
 from aiayn.models import EncoderLM, TransformerModel
 from aiayn.nn.context import Record
-from aiayn.train.config import RunConfig
 from aiayn.train.lm import initial_model, lm_corpus
 from aiayn.train.loop import FitResult, train_run
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 
-from aiayn.train.config import TrainConfig
+from aiayn.config.run import TrainConfig
 
 
 def snapshot_steps(tc: TrainConfig) -> set[int]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from aiayn.train.config import TrainConfig
+    from aiayn.config.run import TrainConfig
 
 
 def paper_schedule(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> float:

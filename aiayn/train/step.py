@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aiayn.config.run import TrainConfig
 from aiayn.nn.context import Record
-from aiayn.train.config import TrainConfig
 from aiayn.train.task import Task
 
 

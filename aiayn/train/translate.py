@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aiayn.config.run import RunConfig
 from aiayn.data.batching import pad, padding_fraction, plan_batches
 from aiayn.data.bpe import BOS, EOS, PAD
 from aiayn.data.parallel import Pair, multi30k, read_parallel
@@ -34,7 +35,6 @@ from aiayn.errors import UserError
 from aiayn.evaluate.perplexity import translation_loss
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.context import Record
-from aiayn.train.config import RunConfig
 from aiayn.train.loop import FitResult, train_run
 
 Example = tuple[list[int], list[int]]  # source ids + EOS; BOS + target ids + EOS

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from aiayn.config.run import RunConfig
 from aiayn.data.images import ImageSplit, load_split
 from aiayn.data.tokenizer import LabelTokenizer, Tokenizer
 from aiayn.errors import UserError
 from aiayn.models import TransformerModel, build_model
 from aiayn.models.vision import VisionTransformer
 from aiayn.nn.context import Record
-from aiayn.train.config import RunConfig
 from aiayn.train.loop import FitResult, train_run
 
 

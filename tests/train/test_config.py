@@ -109,7 +109,7 @@ def _keys() -> list[str]:
     from dataclasses import fields
 
     from aiayn.config import field_names
-    from aiayn.train.config import DataConfig, TrainConfig
+    from aiayn.config.run import DataConfig, TrainConfig
 
     return [*field_names(), *(f.name for c in (DataConfig, TrainConfig) for f in fields(c))]
 

@@ -30,9 +30,10 @@ from safetensors.torch import load_file
 from aiayn.checkpoint import RunDir
 from aiayn.checkpoint.run_dir import TrainState
 from aiayn.cli import main
+from aiayn.config.run import RunConfig
 from aiayn.data.batching import token_batches
 from aiayn.data.tokenizer import BPETokenizer
-from aiayn.train.config import RunConfig, load_run_config
+from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.loop import FitResult
 from aiayn.train.translate import encode_pairs, load_pairs, train_translation

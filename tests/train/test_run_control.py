@@ -9,7 +9,8 @@ import pytest
 
 from aiayn.checkpoint import RunDir
 from aiayn.cli import main
-from aiayn.train.config import DataConfig, TrainConfig, load_run_config
+from aiayn.config.run import DataConfig, TrainConfig
+from aiayn.train.config import load_run_config
 from aiayn.train.lm import train_lm
 from aiayn.train.policy import snapshot_steps
 
