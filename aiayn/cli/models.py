@@ -39,7 +39,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_calc(args: argparse.Namespace) -> int:
     """Parameters, FLOPs and memory from the config alone (nothing is built)."""
-    from aiayn.inspect.calc import cost_report, format_cost_report, resolve_calc_config
+    from aiayn.inspect.cost_report import cost_report, format_cost_report, resolve_calc_config
 
     name, config = resolve_calc_config(args.model, _overrides(args.set))
     report = cost_report(config, args.context, args.batch, args.dtype, name=name)

@@ -63,11 +63,13 @@ def cmd_inspect_positions(args: argparse.Namespace) -> int:
 
 def cmd_inspect_example(args: argparse.Namespace) -> int:
     """A worked example: print its numbers (computed by the library), write its figure."""
-    from aiayn.inspect import figures
+    from aiayn.inspect import worked_examples
 
     name = args.example
-    path, numbers = figures.EXAMPLES[name](Path(args.out) / f"example_{name.replace('-', '_')}.png")
-    print(figures.format_numbers(numbers))
+    path, numbers = worked_examples.EXAMPLES[name](
+        Path(args.out) / f"example_{name.replace('-', '_')}.png"
+    )
+    print(worked_examples.format_numbers(numbers))
     print(f"figure: {path}")
     return 0
 

@@ -31,9 +31,8 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import UserError
-from aiayn.inspect.teaching import check_sizes, rounded
+from aiayn.inspect.teaching import check_sizes
 from aiayn.inspect.teaching import positional_similarity as pe_similarity
-from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.positions import RotaryEmbedding, apply_rotary, sinusoidal_table
 
 if TYPE_CHECKING:
@@ -48,13 +47,13 @@ ArrayLike = Tensor | np.ndarray | Sequence[Sequence[float]]
 # ----- plumbing ---------------------------------------------------------------------------
 
 
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI)
@@ -81,7 +80,7 @@ def _labels(labels: Sequence[str] | None, n: int) -> list[str]:
     return [clean_label(t) for t in labels]
 
 
-def _heat(
+def heat_panel(
     ax: Axes,
     w: np.ndarray,
     rows: list[str],
@@ -127,15 +126,15 @@ def attention_heatmap(
         raise UserError(f"attention_heatmap needs a (T, S) matrix, got shape {w.shape}")
     t, s = w.shape
     side = min(max(3.0, 0.25 * max(t, s) + 1.5), 10.0)
-    fig = _figure(side + 0.8, side)
+    fig = new_figure(side + 0.8, side)
     ax = fig.add_subplot()
     rows, cols = _labels(row_labels, t), _labels(col_labels, s)
     small = max(t, s) <= 10
-    im = _heat(ax, w, rows, cols, title, annotate=small, fontsize=8 if max(t, s) <= 48 else 5)
+    im = heat_panel(ax, w, rows, cols, title, annotate=small, fontsize=8 if max(t, s) <= 48 else 5)
     ax.set_xlabel("key (attended to)", fontsize=8)
     ax.set_ylabel("query (attending)", fontsize=8)
     fig.colorbar(im, ax=ax, shrink=0.8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _panel_grid(
@@ -152,14 +151,14 @@ def _panel_grid(
     t, s = maps[0].shape
     ticks = max(t, s) <= 24
     panel = 2.2 if ticks else 1.5
-    fig = _figure(panel * ncols + 0.6, panel * nrows + 0.5)
+    fig = new_figure(panel * ncols + 0.6, panel * nrows + 0.5)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     im, top = None, max(float(m.max()) for m in maps)  # one colour scale for every panel
     for k, ax in enumerate(axes.flat):
         if k >= n:
             ax.axis("off")
             continue
-        im = _heat(ax, maps[k], rows, cols, titles[k], ticks=ticks, vmax=top)
+        im = heat_panel(ax, maps[k], rows, cols, titles[k], ticks=ticks, vmax=top)
         if ticks:  # labels on the outer panels only
             if k % ncols:
                 ax.set_yticklabels([])
@@ -168,7 +167,7 @@ def _panel_grid(
     fig.suptitle(title, fontsize=10)
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.6)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def attention_grid(
@@ -229,20 +228,20 @@ def positional_encoding_image(max_len: int, d_model: int, path: str | Path) -> P
     """§3.5's table: dimension down (fast waves at the top), position across."""
     check_sizes(max_len, d_model)
     table = sinusoidal_table(max_len, d_model).numpy()
-    fig = _figure(6.4, 3.6)
+    fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot()
     im = ax.imshow(table.T, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xlabel("position")
     ax.set_ylabel("dimension (sin even, cos odd)")
     ax.set_title(f"sinusoidal positional encoding, d_model={d_model} (§3.5)", fontsize=10)
     fig.colorbar(im, ax=ax, shrink=0.8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def positional_similarity(max_len: int, d_model: int, position: int, path: str | Path) -> Path:
     """PE(position) · PE(p) for every p: peaks at ``position`` and falls off with distance."""
     sim = pe_similarity(max_len, d_model, position)
-    fig = _figure(6.4, 3.0)
+    fig = new_figure(6.4, 3.0)
     ax = fig.add_subplot()
     ax.plot(range(max_len), sim, color="tab:blue")
     ax.axvline(position, color="tab:red", ls="--", lw=1, label=f"position {position}")
@@ -251,7 +250,7 @@ def positional_similarity(max_len: int, d_model: int, position: int, path: str |
     ax.set_title("similarity of one position's encoding to all others", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def rope_scores(
@@ -281,7 +280,7 @@ def rope_relative_scores(dim: int, max_offset: int, path: str | Path, seed: int 
     coincide, so the score depends only on how far apart the tokens are."""
     starts = (0, 20, 60)
     offsets, scores = rope_scores(dim, max_offset, starts, seed)
-    fig = _figure(6.4, 3.0)
+    fig = new_figure(6.4, 3.0)
     ax = fig.add_subplot()
     styles = ["-", "--", ":"]
     for m, row, style in zip(starts, scores, styles, strict=True):
@@ -297,283 +296,4 @@ def rope_relative_scores(dim: int, max_offset: int, path: str | Path, seed: int 
     ax.set_title(f"RoPE score of one random (q, k) pair, head size {dim}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
-
-
-# ----- worked examples --------------------------------------------------------------------
-
-
-def _bars(ax: Axes, labels: list[str], values: list[float], title: str, color: str) -> None:
-    bars = ax.bar(labels, values, color=color)
-    ax.bar_label(bars, [f"{v:.3f}" for v in values], fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.axhline(0, color="black", lw=0.6)
-    ax.margins(y=0.15)
-
-
-def example_trophy(path: str | Path) -> tuple[Path, Numbers]:
-    """ "The trophy did not fit in the suitcase because it was too big": the query of "it"
-    (2, 1, -1) against four keys.  Scores 5.2, 0, -0.2, 0; scaled by 1/sqrt(3) and
-    softmaxed, about 0.874 of the attention lands on "trophy"."""
-    tokens = ["trophy", "large", "suitcase", "because"]
-    q = torch.tensor([[2.0, 1.0, -1.0]])
-    k = torch.tensor([[1.8, 0.8, -0.8], [0.2, 0.1, 0.5], [0.3, 0.5, 1.3], [0.0, 0.0, 0.0]])
-    v = k.clone()  # each token hands over its own features
-    out, w = scaled_dot_product_attention(q, k, v, return_weights=True, backend="reference")
-    _, w_raw = scaled_dot_product_attention(
-        q, k, v, scale=False, return_weights=True, backend="reference"
-    )
-    scores = q @ k.T
-    numbers: Numbers = {
-        "tokens": tokens,
-        "query": rounded(q[0]),
-        "scores": rounded(scores[0]),
-        "scaled_scores": rounded(scores[0] / math.sqrt(q.shape[-1])),
-        "weights": rounded(w[0]),
-        "weights_unscaled": rounded(w_raw[0]),
-        "output": rounded(out[0]),
-    }
-    fig = _figure(9.0, 3.0)
-    a, b, c = fig.subplots(1, 3)
-    _bars(a, tokens, numbers["scores"], "score q·k", "tab:gray")
-    _bars(b, tokens, numbers["weights"], "softmax(q·k / √3)", "tab:blue")
-    _bars(c, tokens, numbers["weights_unscaled"], "without the scale: softmax(q·k)", "tab:orange")
-    for ax in (a, b, c):
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle('"it" (query 2, 1, -1) looks for what was too big', fontsize=10)
-    return _save(fig, path), numbers
-
-
-def example_not_good(path: str | Path) -> tuple[Path, Numbers]:
-    """Two tokens, "not" then "good", causal attention with QK^T = [[0, 1], [1, 0]] and
-    values (negation, polarity) = not (-2, 0), good (0, 2).  "not" sees only itself; "good"
-    puts 0.67 on "not" and 0.33 on itself and comes out as (-1.34, 0.66): negated."""
-    tokens = ["not", "good"]
-    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    k = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # Q K^T = [[0, 1], [1, 0]]
-    v = torch.tensor([[-2.0, 0.0], [0.0, 2.0]])
-    out, w = scaled_dot_product_attention(
-        q, k, v, is_causal=True, return_weights=True, backend="reference"
-    )
-    scores = q @ k.T
-    scaled = scores / math.sqrt(q.shape[-1])
-    masked = scaled.masked_fill(torch.ones(2, 2, dtype=torch.bool).triu(1), float("-inf"))
-    numbers: Numbers = {
-        "tokens": tokens,
-        "scores": rounded(scores),
-        "scaled_scores_masked": rounded(masked),
-        "values": rounded(v),
-        "weights": rounded(w),
-        "output": rounded(out),
-    }
-    fig = _figure(9.0, 3.0)
-    a, b, c = fig.subplots(1, 3)
-    shown = np.where(np.isinf(masked.numpy()), np.nan, masked.numpy())
-    a.imshow(shown, cmap="Greys", vmin=-1, vmax=1.5)
-    for i in range(2):
-        for j in range(2):
-            a.text(j, i, "-∞" if j > i else f"{masked[i, j]:.2f}", ha="center", va="center")
-    a.set_title("QKᵀ/√2, causal mask", fontsize=9)
-    _heat(b, w.numpy(), tokens, tokens, "weights (rows sum to 1)", annotate=True)
-    for ax in (a, b):
-        ax.set_xticks(range(2), tokens, rotation=0)
-        ax.set_yticks(range(2), tokens)
-    vn, on = v.numpy(), out.numpy()
-    arrows = [
-        (vn[1], "tab:green", "value of good"),
-        (vn[0], "tab:gray", "value of not = output of not"),
-        (on[1], "tab:red", "output of good"),
-    ]
-    for (x, y), color, label in arrows:
-        c.annotate("", (x, y), (0, 0), arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2})
-        c.plot([], [], color=color, lw=2, label=f"{label} ({x:.2f}, {y:.2f})")
-    c.set_xlim(-2.6, 1.0)
-    c.set_ylim(-0.6, 2.6)
-    c.set_aspect("equal")
-    c.axhline(0, color="black", lw=0.5)
-    c.axvline(0, color="black", lw=0.5)
-    c.set_xlabel("negation", fontsize=8)
-    c.set_ylabel("polarity", fontsize=8)
-    c.legend(fontsize=7, loc="upper left")
-    c.set_title("output = weights × values", fontsize=9)
-    fig.suptitle('"not good": good looks back at not and is negated', fontsize=10)
-    return _save(fig, path), numbers
-
-
-def example_scale(
-    path: str | Path,
-    d_ks: Sequence[int] = (4, 8, 16, 32, 64, 128, 256, 512, 1024),
-    n_keys: int = 16,
-    trials: int = 256,
-    seed: int = 0,
-) -> tuple[Path, Numbers]:
-    """§3.2.1: with q, k of unit-variance entries, q·k has variance d_k.  Unscaled, the softmax
-    saturates as d_k grows -- its entropy falls towards 0 (one-hot) and so does its gradient,
-    the norm of the Jacobian diag(p) - p pᵀ of the weights with respect to the logits.  With
-    the 1/sqrt(d_k) scale both stay put."""
-    gen = torch.Generator().manual_seed(seed)
-    numbers: Numbers = {
-        "d_k": list(d_ks),
-        "n_keys": n_keys,
-        "max_entropy": round(math.log(n_keys), 4),
-    }
-    for name in ("entropy_scaled", "entropy_unscaled", "grad_scaled", "grad_unscaled"):
-        numbers[name] = []
-    for d in d_ks:
-        q = torch.randn(trials, 1, d, generator=gen)
-        k = torch.randn(trials, n_keys, d, generator=gen)
-        v = torch.zeros(trials, n_keys, 1)
-        for label, scale in (("scaled", True), ("unscaled", False)):
-            _, p = scaled_dot_product_attention(
-                q, k, v, scale=scale, return_weights=True, backend="reference"
-            )
-            p = p[:, 0].double()  # (trials, n_keys)
-            entropy = -(p * p.clamp_min(1e-300).log()).sum(-1).mean()
-            jac = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
-            grad = torch.linalg.matrix_norm(jac).mean()
-            numbers[f"entropy_{label}"].append(round(float(entropy), 4))
-            numbers[f"grad_{label}"].append(round(float(grad), 4))
-    fig = _figure(9.0, 3.2)
-    a, b = fig.subplots(1, 2)
-    for ax, key, ylabel in (
-        (a, "entropy", "softmax entropy (nats)"),
-        (b, "grad", "‖∂softmax/∂logits‖"),
-    ):
-        ax.plot(d_ks, numbers[f"{key}_scaled"], "o-", label="scaled by 1/√d_k")
-        ax.plot(d_ks, numbers[f"{key}_unscaled"], "s--", label="unscaled")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("d_k")
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    a.axhline(numbers["max_entropy"], color="gray", ls=":", lw=1)
-    a.set_title(f"entropy over {n_keys} keys (uniform = {numbers['max_entropy']:.2f})", fontsize=9)
-    b.set_title("gradient through the softmax", fontsize=9)
-    fig.suptitle("without 1/√d_k the softmax saturates: entropy → 0, gradient → 0", fontsize=10)
-    return _save(fig, path), numbers
-
-
-def example_paths(path: str | Path, max_steps: int = 50) -> tuple[Path, Numbers]:
-    """The gradient from step k back to step 0: through k recurrent steps h_t = w h_(t-1) it
-    is w^k (0.9^50 ≈ 0.005, 1.1^50 ≈ 117), by autograd; through one attention step whose
-    query matches the distant token's key it is that token's weight, about 1 for every k."""
-    steps = list(range(max_steps + 1))
-    numbers: Numbers = {"steps": steps}
-    for w in (0.9, 1.1):
-        grads = []
-        for k in steps:
-            h0 = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
-            h = h0
-            for _ in range(k):
-                h = w * h
-            (g,) = torch.autograd.grad(h, h0)
-            grads.append(float(g))
-        numbers[f"recurrent_{w}"] = grads
-    attn = []
-    for k in steps:  # token k attends to token 0, k positions back, in one step
-        keys = torch.zeros(k + 1, 2, dtype=torch.float64)
-        keys[0, 0] = 4.0
-        query = torch.tensor([[4.0, 0.0]], dtype=torch.float64)
-        values = torch.zeros(k + 1, 1, dtype=torch.float64, requires_grad=True)
-        out = scaled_dot_product_attention(query, keys, values, backend="reference")
-        assert isinstance(out, Tensor)
-        (g,) = torch.autograd.grad(out.sum(), values)
-        attn.append(float(g[0, 0]))
-    numbers["attention"] = attn
-    numbers["attention_path_length"] = 1
-    fig = _figure(6.4, 3.4)
-    ax = fig.add_subplot()
-    ax.semilogy(steps, numbers["recurrent_0.9"], label="recurrent, factor 0.9: 0.9^k (vanishes)")
-    ax.semilogy(steps, numbers["recurrent_1.1"], label="recurrent, factor 1.1: 1.1^k (explodes)")
-    ax.semilogy(steps, attn, lw=2, label="attention: one step, path length 1")
-    ax.annotate(
-        f"{numbers['recurrent_0.9'][-1]:.4f}",
-        (steps[-1], numbers["recurrent_0.9"][-1]),
-        fontsize=8,
-        ha="right",
-        va="bottom",
-    )
-    ax.annotate(
-        f"{numbers['recurrent_1.1'][-1]:.1f}",
-        (steps[-1], numbers["recurrent_1.1"][-1]),
-        fontsize=8,
-        ha="right",
-        va="top",
-    )
-    ax.set_xlabel("distance k (tokens back)")
-    ax.set_ylabel("gradient magnitude")
-    ax.set_title("how much token k-back influences learning", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    return _save(fig, path), numbers
-
-
-def example_nadaraya_watson(
-    path: str | Path, sigmas: Sequence[float] = (0.05, 0.3, 1.0, 3.0)
-) -> tuple[Path, Numbers]:
-    """Attention as the Nadaraya-Watson kernel smoother (1964): Gaussian-kernel regression of
-    noisy sin(x) samples at several bandwidths, each computed as unscaled dot-product attention
-    (aiayn/inspect/teaching.py) and checked against the kernel formula; the bandwidth is the
-    softmax's sharpness -- small chases the noise, large flattens the curve."""
-    from aiayn.inspect.teaching import nadaraya_watson
-
-    runs = [nadaraya_watson(s) for s in sigmas]
-    numbers: Numbers = {
-        "sigmas": list(sigmas),
-        "mse_vs_truth": [r["mse_vs_truth"] for r in runs],
-        "max_difference_formula_vs_attention": max(
-            r["max_difference_formula_vs_attention"] for r in runs
-        ),
-        "query": runs[0]["query"],
-        "query_entropy": [r["query_entropy"] for r in runs],
-    }
-    fig = _figure(10.0, 3.6)
-    a, b = fig.subplots(1, 2)
-    a.scatter(runs[0]["x_train"], runs[0]["y_train"], s=12, color="black", label="samples")
-    a.plot(runs[0]["grid"], runs[0]["truth"], color="gray", ls=":", label="sin x")
-    for r in runs:
-        a.plot(r["grid"], r["estimate"], label=f"σ = {r['sigma']} (MSE {r['mse_vs_truth']:.3f})")
-        b.plot(r["x_train"], r["query_weights"], "o-", ms=3, label=f"σ = {r['sigma']}")
-    a.set_xlabel("x")
-    a.set_title("softmax(q·kᵢ) yᵢ with q = (x/σ², 1), kᵢ = (xᵢ, −xᵢ²/2σ²)", fontsize=9)
-    a.legend(fontsize=7)
-    b.axvline(numbers["query"], color="gray", lw=1)
-    b.set_xlabel("sample xᵢ")
-    b.set_ylabel("attention weight")
-    b.set_title(f"the weights of the query x = {numbers['query']}", fontsize=9)
-    b.legend(fontsize=7)
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-    fig.suptitle("attention is Nadaraya-Watson kernel regression; σ is the sharpness", fontsize=10)
-    return _save(fig, path), numbers
-
-
-EXAMPLES = {
-    "trophy": example_trophy,
-    "not-good": example_not_good,
-    "scale": example_scale,
-    "paths": example_paths,
-    "nadaraya-watson": example_nadaraya_watson,
-}
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_fmt(v) for v in value) + "]"
-    return str(value)
-
-
-def format_numbers(numbers: Numbers) -> str:
-    """The numbers of a worked example, one per line (long series shortened)."""
-    lines = []
-    for key, value in numbers.items():
-        if isinstance(value, list) and len(value) > 12:
-            head, tail = value[:5], value[-3:]
-            text = _fmt(head)[:-1] + ", ..., " + _fmt(tail)[1:]
-        else:
-            text = _fmt(value)
-        lines.append(f"{key:<22} {text}")
-    return "\n".join(lines)
+    return save_figure(fig, path)

@@ -169,7 +169,7 @@ KILLER = """
 import os, signal, sys
 from pathlib import Path
 from aiayn import atomic
-from aiayn.data import preprocess as pp
+from aiayn.data import encode_chunks, preprocess as pp
 name, k = sys.argv[1], int(sys.argv[2])
 seen = [0]
 def hook(step):
@@ -178,11 +178,11 @@ def hook(step):
         if seen[0] == k:
             os.kill(os.getpid(), signal.SIGKILL)
 atomic.set_fault_hook(hook)
-original = pp._save_part
+original = encode_chunks._save_part
 def save(*a, **kw):
     original(*a, **kw)
     atomic.fs_step("part-written")
-pp._save_part = save
+encode_chunks._save_part = save
 tmp = Path(sys.argv[3])
 pp.preprocess_parallel([pp.PairFiles(tmp / "t.de", tmp / "t.en")], [pp.PairFiles(tmp / "v.de", tmp / "v.en")],
                        tmp / "out", vocab_size=300, max_len=64, workers=1, chunk=5, log=print)

@@ -11,10 +11,7 @@ from aiayn.cli import main
 from aiayn.config import ModelConfig, get_preset
 from aiayn.inspect.calc import (
     attention_score_bytes,
-    cost_report,
     dtype_size,
-    format_bytes,
-    format_cost_report,
     forward_flops_per_token,
     kv_cache_bytes,
     kv_cache_bytes_per_token,
@@ -23,6 +20,7 @@ from aiayn.inspect.calc import (
     parameter_count,
     training_flops_per_token,
 )
+from aiayn.inspect.cost_report import cost_report, format_bytes, format_cost_report
 from aiayn.models.precision import Precision, apply_precision
 
 LLAMA3_70B = 70_553_706_496  # Meta's published count for Llama-3-70B

@@ -11,7 +11,7 @@ import torch
 from matplotlib import image as matplotlib_image
 
 from aiayn.cli import main
-from aiayn.inspect import figures
+from aiayn.inspect import figures, worked_examples
 from aiayn.inspect.attention_maps import attention_maps
 
 SMALL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64}
@@ -109,7 +109,7 @@ def test_rope_scores_depend_on_the_offset_only() -> None:
 
 
 def test_example_trophy(tmp_path: Path) -> None:
-    path, n = figures.example_trophy(tmp_path / "trophy.png")
+    path, n = worked_examples.example_trophy(tmp_path / "trophy.png")
     assert_picture(path)
     assert n["tokens"] == ["trophy", "large", "suitcase", "because"]
     np.testing.assert_allclose(
@@ -120,7 +120,7 @@ def test_example_trophy(tmp_path: Path) -> None:
 
 
 def test_example_not_good(tmp_path: Path) -> None:
-    path, n = figures.example_not_good(tmp_path / "ng.png")
+    path, n = worked_examples.example_not_good(tmp_path / "ng.png")
     assert_picture(path)
     assert n["scores"] == [[0.0, 1.0], [1.0, 0.0]]
     # the figure's numbers, given to 2 decimals
@@ -129,7 +129,7 @@ def test_example_not_good(tmp_path: Path) -> None:
 
 
 def test_example_scale_unscaled_softmax_saturates(tmp_path: Path) -> None:
-    path, n = figures.example_scale(tmp_path / "scale.png")
+    path, n = worked_examples.example_scale(tmp_path / "scale.png")
     assert_picture(path)
     assert n["d_k"][0] == 4 and n["d_k"][-1] == 1024
     # the claim, with margins: at d_k = 1024 the unscaled softmax is near one-hot (its entropy and
@@ -140,7 +140,7 @@ def test_example_scale_unscaled_softmax_saturates(tmp_path: Path) -> None:
 
 
 def test_example_paths(tmp_path: Path) -> None:
-    path, n = figures.example_paths(tmp_path / "paths.png")
+    path, n = worked_examples.example_paths(tmp_path / "paths.png")
     assert_picture(path)
     assert n["steps"][-1] == 50
     # float64 products of 50 factors: 50 roundings of 2^-53 each
@@ -193,7 +193,7 @@ def test_attention_maps_from_checkpoints(tmp_path: Path) -> None:
 
 
 def test_example_nadaraya_watson(tmp_path: Path) -> None:
-    path, numbers = figures.example_nadaraya_watson(tmp_path / "nw.png")
+    path, numbers = worked_examples.example_nadaraya_watson(tmp_path / "nw.png")
     assert path.stat().st_size > 20_000
     assert numbers["max_difference_formula_vs_attention"] < 1e-9  # float64, two sum orders
     assert numbers["query_entropy"] == sorted(numbers["query_entropy"])  # wider = flatter

@@ -1,5 +1,5 @@
 """The teaching views, ``POST /api/lesson/*``: ``query``, ``lookup``, ``kernel``,
-``positions`` and ``kv-cache`` (aiayn/inspect/teaching.py, aiayn/inspect/calc.py); they
+``positions`` and ``kv-cache`` (aiayn/inspect/teaching.py, aiayn/inspect/cost_report.py); they
 need no model."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from aiayn.explore.requests import (
     PositionsLesson,
     QueryLesson,
 )
-from aiayn.inspect import calc, teaching
+from aiayn.inspect import cost_report, teaching
 
 
 def router() -> APIRouter:
@@ -47,14 +47,14 @@ def router() -> APIRouter:
         if req.mixer != "attention":  # the recurrent layers of a decoder (aiayn/nn/)
             overrides["mixer"] = req.mixer
         config = get_preset(req.preset, **overrides)
-        report = calc.cost_report(config, req.context, req.batch, req.dtype, name=req.preset)
+        report = cost_report.cost_report(config, req.context, req.batch, req.dtype, name=req.preset)
         data = report.to_dict()
-        data["text"] = calc.format_cost_report(report)
-        data["kv_cache"] = calc.format_bytes(report.kv_cache_bytes)
-        data["kv_cache_per_token"] = calc.format_bytes(report.kv_cache_bytes_per_token)
-        data["weights"] = calc.format_bytes(report.weight_bytes)
-        data["recurrent_state"] = calc.format_bytes(report.recurrent_state_bytes)
-        data["flops_per_token"] = calc.format_flops(report.forward_flops_per_token)
+        data["text"] = cost_report.format_cost_report(report)
+        data["kv_cache"] = cost_report.format_bytes(report.kv_cache_bytes)
+        data["kv_cache_per_token"] = cost_report.format_bytes(report.kv_cache_bytes_per_token)
+        data["weights"] = cost_report.format_bytes(report.weight_bytes)
+        data["recurrent_state"] = cost_report.format_bytes(report.recurrent_state_bytes)
+        data["flops_per_token"] = cost_report.format_flops(report.forward_flops_per_token)
         return data
 
     return routes
