@@ -280,7 +280,7 @@ def print_table(table: dict[str, Any]) -> None:
 def profile_step(shape: str, precision: str, threads: int) -> dict[str, dict[str, float]]:
     """ms per batch-1 step in the matrix products and outside them, eager and captured."""
     from aiayn.generate.captured import captured_step
-    from aiayn.nn.cpu_kernels import for_decoding
+    from aiayn.nn.cpu_decoding import for_decoding
 
     torch.set_num_threads(threads)
     folder = gpt2_folder(ROOT, SHAPES[shape])

@@ -62,7 +62,7 @@ from aiayn.device import cpu_has_bf16
 from aiayn.generate.beam import BeamConfig, beam_search
 from aiayn.inspect.calc import training_flops_per_token
 from aiayn.models.precision import Precision, apply_precision
-from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.cpu_decoding import for_decoding
 from aiayn.nn.positions import sinusoidal_table
 
 V, D, H, FF, LAYERS, PAIRS, LEN = 8000, 256, 4, 1024, 3, 128, 32

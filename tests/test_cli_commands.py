@@ -214,7 +214,7 @@ def test_verbose_logs_the_cpu_kernels_once_and_off_takes_none(
 ) -> None:
     import aiayn.nn.cpu_kernels as cpu_kernels
 
-    cpu_kernels._log_once.cache_clear()
+    cpu_kernels.log_once.cache_clear()
     args = ["-v", *gen_args(char_lm, "To be", 8)]
     code, _, err = run_cli(args, capsys)
     assert code == 0, err
@@ -222,7 +222,7 @@ def test_verbose_logs_the_cpu_kernels_once_and_off_takes_none(
     assert len(lines) == 1 and lines[0].startswith("aiayn: one-row decoding of ")
     assert "gemv" in lines[0] and "F.linear" in lines[0]  # what it chose, and both timings
     assert [line for line in run_cli(args, capsys)[2].splitlines() if "decoding" in line] == []
-    cpu_kernels._log_once.cache_clear()
+    cpu_kernels.log_once.cache_clear()
     monkeypatch.setenv("AIAYN_CPU_KERNELS", "off")
     code, _, err = run_cli(args, capsys)
     assert code == 0 and "decoding" not in err, err

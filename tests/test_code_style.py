@@ -56,3 +56,13 @@ def test_fmt_skip_is_kept_for_at_most_ten_alignment_tables() -> None:
         if re.search(r"#.*\bfmt: *(skip|off)\b", line)
     ]
     assert len(skips) <= 10, "\n".join(skips)
+
+
+def test_no_module_is_over_500_lines() -> None:
+    # one concept a file: past this a module holds two, and is split
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert not long, long

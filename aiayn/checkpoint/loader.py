@@ -66,7 +66,7 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu") -> Bundle:
     folder = checkpoint_of(path)
     if not is_hf_folder(folder):
         return read_bundle(folder, device=device)
-    from aiayn.interop.hf_folder import load_hf  # the layer below: interop reads HF's files
+    from aiayn.interop.hf_folder import load_hf
 
     model, tokenizer, run = load_hf(folder)
     return Bundle(model.to(device), tokenizer, run, folder)
@@ -85,7 +85,8 @@ def read_model_config(path: str | os.PathLike[str]) -> ModelConfig:
 def convert_from_hf(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """An HF checkpoint folder as an aiayn checkpoint (model, tokenizer, run.json): what
     ``aiayn generate``, ``evaluate`` and ``explore`` read."""
-    from aiayn.interop.hf_folder import load_hf_folder, load_hf_tokenizer
+    from aiayn.interop.hf_folder import load_hf_folder
+    from aiayn.interop.hf_tokenizer import load_hf_tokenizer
 
     model = load_hf_folder(directory)
     tokenizer = load_hf_tokenizer(directory)

@@ -41,7 +41,7 @@ from aiayn.generate.cancel import CancelToken, check
 from aiayn.generate.captured import captured_step, wants_capture
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.nn.cache import Cache
-from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.cpu_decoding import for_decoding
 from aiayn.nn.static_cache import StaticCache, capacity_for
 
 

@@ -29,7 +29,7 @@ from aiayn.generate.captured import CapturedStep, captured_step, wants_capture
 from aiayn.generate.sampling import SamplingConfig, choose_next
 from aiayn.models.decoder import DecoderLM
 from aiayn.nn.cache import Cache
-from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.cpu_decoding import for_decoding
 from aiayn.nn.static_cache import StaticCache, capacity_for
 
 DEFAULT_SAMPLING = SamplingConfig()  # plain sampling at temperature 1 (frozen, safe to share)

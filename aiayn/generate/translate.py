@@ -20,7 +20,7 @@ from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_deco
 from aiayn.generate.cancel import CancelToken
 from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.models import EncoderDecoder
-from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.cpu_decoding import for_decoding
 
 NEVER = (PAD, BOS, UNK)  # special tokens that must not appear in a translation
 

@@ -22,7 +22,8 @@ from aiayn.errors import UserError
 from aiayn.evaluate.perplexity import evaluate_lm, lm_loss
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.context import Record
-from aiayn.train.loop import FitResult, train_run
+from aiayn.train.loop import FitResult
+from aiayn.train.run import train_run
 
 
 class LMTask:

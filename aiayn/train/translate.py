@@ -35,7 +35,8 @@ from aiayn.errors import UserError
 from aiayn.evaluate.perplexity import translation_loss
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.context import Record
-from aiayn.train.loop import FitResult, train_run
+from aiayn.train.loop import FitResult
+from aiayn.train.run import train_run
 
 Example = tuple[list[int], list[int]]  # source ids + EOS; BOS + target ids + EOS
 

@@ -15,7 +15,7 @@ from aiayn.generate.captured import CAPTURE_ROWS, _step, compile_counters, wants
 from aiayn.generate.threads import SMALL_STEP, decode_threads, step_macs
 from aiayn.models import DecoderLM
 from aiayn.models.precision import Precision, apply_precision
-from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.cpu_decoding import for_decoding
 from tests.conftest import tiny_model
 
 GREEDY = SamplingConfig(temperature=0)

@@ -91,7 +91,8 @@ def test_bert_folders_load_with_their_tokenizer_and_write_back(tmp_path) -> None
     """A BertForPreTraining folder (encoder, pooler, masked-LM head and a next-sentence head,
     as bert-base-uncased is saved) loads with pooler and head; text -> ids equals HF's fast
     tokenizer; our BERT written as a folder is read back by HF's from_pretrained."""
-    from aiayn.interop.hf_folder import load_hf_folder, load_hf_tokenizer, save_hf_folder
+    from aiayn.interop.hf_folder import load_hf_folder, save_hf_folder
+    from aiayn.interop.hf_tokenizer import load_hf_tokenizer
 
     hf = bert("BertForPreTraining")
     hf.save_pretrained(tmp_path / "hf")

@@ -16,7 +16,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from aiayn.interop.chat_template import ChatTemplateError, chat_ids, render_chat
-from aiayn.interop.hf_folder import load_hf_tokenizer
+from aiayn.interop.hf_tokenizer import load_hf_tokenizer
 
 CHATML = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"

@@ -257,7 +257,7 @@ def test_a_sentencepiece_model_alone_gives_sentencepieces_ids(tmp_path: Path) ->
     import sentencepiece as spm
 
     from aiayn.checkpoint import convert_from_hf, load
-    from aiayn.interop.hf_folder import load_hf_tokenizer
+    from aiayn.interop.hf_tokenizer import load_hf_tokenizer
 
     hf = hf_model("Llama", vocab_size=128)
     hf.save_pretrained(tmp_path / "hf")

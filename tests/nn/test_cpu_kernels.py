@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import aiayn.nn.cpu_decoding as decoding
 import aiayn.nn.cpu_kernels as kernels
+from aiayn.nn.cpu_decoding import DecodingLinear, for_decoding
 from aiayn.nn.cpu_kernels import (
     MIN_ROWS,
     ROW_MULTIPLE,
-    DecodingLinear,
     TrainingLinear,
     choose_training_kernel,
-    for_decoding,
     for_training,
 )
 from aiayn.nn.linear import Linear
@@ -34,9 +34,9 @@ def _fake_probes(
 ) -> None:
     """The host's answers: a one-row pass (F.linear, gemv) and a packed product (F.linear,
     packed), in seconds."""
-    monkeypatch.setattr(kernels, "_decode_seconds", lambda *a: packed)
-    monkeypatch.setattr(kernels, "_GEMV_SECONDS", {})
-    monkeypatch.setattr(kernels, "_gemv_seconds", lambda layers: gemv)
+    monkeypatch.setattr(decoding, "_decode_seconds", lambda *a: packed)
+    monkeypatch.setattr(decoding, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(decoding, "_gemv_seconds", lambda layers: gemv)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -84,7 +84,7 @@ def test_onednn_runs_only_inside_a_training_block_that_chose_it(
     assert not calls
     with for_training(layer, "onednn"):
         layer(x)
-    assert calls if kernels._ONEDNN else not calls
+    assert calls if kernels.HAS_ONEDNN else not calls
     assert type(layer) is Linear and "onednn" not in vars(layer)  # restored on exit
     layer(x)
     assert len(calls) <= 1
@@ -148,7 +148,7 @@ def test_the_onednn_probe_measures_without_touching_the_global_rng() -> None:
     torch.manual_seed(0)
     speedup = kernels.onednn_speedup(64, 16, 32)
     assert torch.equal(torch.rand(3), expected)  # training's random stream is unchanged
-    assert speedup > 0 if kernels._ONEDNN else speedup == 0
+    assert speedup > 0 if kernels.HAS_ONEDNN else speedup == 0
 
 
 def test_the_training_choice_follows_the_setting_the_probe_and_the_switch(
@@ -174,13 +174,13 @@ def test_off_leaves_every_layer_on_f_linear(monkeypatch: pytest.MonkeyPatch) -> 
     def no_probe(*args: object) -> tuple[float, float]:
         raise AssertionError("measured with AIAYN_CPU_KERNELS=off")
 
-    monkeypatch.setattr(kernels, "_decode_seconds", no_probe)
-    monkeypatch.setattr(kernels, "_GEMV_SECONDS", {})
-    monkeypatch.setattr(kernels, "_gemv_seconds", no_probe)
+    monkeypatch.setattr(decoding, "_decode_seconds", no_probe)
+    monkeypatch.setattr(decoding, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(decoding, "_gemv_seconds", no_probe)
     monkeypatch.setenv("AIAYN_CPU_KERNELS", "off")
     model = _two_layers()
     with for_decoding(model, 8) as plan, torch.no_grad():
-        assert plan == kernels.DecodingPlan(gemv=False, packed=0)
+        assert plan == decoding.DecodingPlan(gemv=False, packed=0)
         assert all(type(m) is Linear for m in model)
     with for_training(model, "onednn"):
         assert all(type(m) is Linear for m in model)
@@ -247,13 +247,13 @@ def test_decoding_blocks_nest_and_the_outer_one_owns_the_packing(
 
 @pytest.mark.parametrize("kernel", ["gemv", "packed"])
 def test_the_decoding_probe_measures_both_kernels_against_f_linear(kernel: str) -> None:
-    speedup = kernels.decode_speedup(kernel, 1 if kernel == "gemv" else 4, 48, 40)
-    if kernel == "packed" and not kernels._ONEDNN:
+    speedup = decoding.decode_speedup(kernel, 1 if kernel == "gemv" else 4, 48, 40)
+    if kernel == "packed" and not kernels.HAS_ONEDNN:
         assert speedup == 0
     else:
         assert 0 < speedup < float("inf")
     with pytest.raises(ValueError, match="'gemv' or 'packed'"):
-        kernels.decode_speedup("blas", 1, 48, 40)
+        decoding.decode_speedup("blas", 1, 48, 40)
 
 
 def test_a_decoding_block_packs_per_shape_and_takes_gemv_for_all_layers_or_none(
@@ -277,10 +277,10 @@ def test_a_decoding_block_packs_per_shape_and_takes_gemv_for_all_layers_or_none(
         passes.append([(m.in_features, m.out_features) for m in layers])
         return whole["seconds"]
 
-    monkeypatch.setattr(kernels, "_decode_seconds", probe)
-    monkeypatch.setattr(kernels, "_GEMV_SECONDS", {})
-    monkeypatch.setattr(kernels, "_gemv_seconds", pass_probe)
-    kernels._log_once.cache_clear()
+    monkeypatch.setattr(decoding, "_decode_seconds", probe)
+    monkeypatch.setattr(decoding, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(decoding, "_gemv_seconds", pass_probe)
+    kernels.log_once.cache_clear()
     model = _two_layers()
     with caplog.at_level(logging.INFO, "aiayn.cpu_kernels"):
         with torch.no_grad(), for_decoding(model, 8) as plan:
@@ -299,7 +299,7 @@ def test_a_decoding_block_packs_per_shape_and_takes_gemv_for_all_layers_or_none(
         "decoding 8 rows",
     ]  # logged once each, though the block was entered twice
     whole["seconds"] = (3.0, 3.5)
-    monkeypatch.setattr(kernels, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(decoding, "_GEMV_SECONDS", {})
     with torch.no_grad(), for_decoding(model, 1) as plan:  # 3.5 s against 3 s: F.linear for all
         assert all(m.row_view is None and m.packed is None for m in model)
         assert not plan.gemv
@@ -318,7 +318,7 @@ def test_a_block_that_rejects_gemv_for_the_model_keeps_every_one_row_product_off
     model = _two_layers()
     x = torch.randn(1, 32)
     with torch.no_grad(), for_decoding(model, 1):
-        monkeypatch.setattr(kernels, "_gemv", no_gemv)
+        monkeypatch.setattr(decoding, "gemv", no_gemv)
         expected = F.linear(F.linear(x, *model[0].parameters()), *model[1].parameters())
         torch.testing.assert_close(model(x), expected)
 
@@ -331,7 +331,7 @@ def test_the_gemv_probe_times_one_row_passes_through_the_models_own_weights(
     model = torch.nn.Sequential(Linear(32, 64), Linear(64, 16, bias=False))
     gemv_calls: list[np.ndarray] = []
     linear_calls: list[Tensor] = []
-    real_gemv, real_linear = kernels._gemv, kernels.F.linear
+    real_gemv, real_linear = decoding.gemv, decoding.F.linear
 
     def gemv(x: Tensor, w_t: np.ndarray, b: np.ndarray | None) -> Tensor:
         gemv_calls.append(w_t)
@@ -341,9 +341,9 @@ def test_the_gemv_probe_times_one_row_passes_through_the_models_own_weights(
         linear_calls.append(w)
         return real_linear(x, w, b)
 
-    monkeypatch.setattr(kernels, "_gemv", gemv)
-    monkeypatch.setattr(kernels.F, "linear", linear)
-    baseline, by_gemv = kernels._gemv_seconds(list(model), budget_s=0.0)
+    monkeypatch.setattr(decoding, "gemv", gemv)
+    monkeypatch.setattr(decoding.F, "linear", linear)
+    baseline, by_gemv = decoding._gemv_seconds(list(model), budget_s=0.0)
     assert 0 < baseline < 1 and 0 < by_gemv < 1  # microseconds a pass: 1 s catches a broken timer
     passes = 1 + 3  # the warm-up, then the fewest rounds
     assert len(gemv_calls) == len(linear_calls) == 2 * passes

@@ -18,7 +18,7 @@ import aiayn
 from aiayn.cli import main
 from aiayn.generate import SamplingConfig, generate
 from aiayn.models.precision import Precision, apply_precision
-from aiayn.nn.cpu_kernels import DecodingInt8Linear, for_decoding
+from aiayn.nn.cpu_decoding import DecodingInt8Linear, for_decoding
 from aiayn.nn.linear import Linear
 from aiayn.nn.quantized import Int8Linear, error_bound, quantize, quantize_weight
 from tests.conftest import LM_TEXT, LM_TOML, chat_folder

@@ -14,7 +14,7 @@ import torch
 from aiayn.generate import SamplingConfig, generate
 from aiayn.models import DecoderLM
 from aiayn.models.precision import Precision, apply_precision
-from aiayn.nn.cpu_kernels import for_decoding
+from aiayn.nn.cpu_decoding import for_decoding
 from aiayn.nn.quantized import Int8Linear
 from aiayn.serve.engine import Engine, Event, QueueFull, Request
 from tests.serve.support import sharpen, tiny_lm
@@ -173,23 +173,23 @@ def test_int8_requests_differ_from_offline_generate_only_at_near_ties(
 def activation_steps(m: DecoderLM) -> Iterator[dict[str, float]]:
     """Within the block, the widest activation step (the call's range over 2^bits - 1, as
     fbgemm quantizes it) of each int8 layer of ``m`` over its kernel calls, by layer name."""
-    from aiayn.nn import cpu_kernels, int8_kernel
+    from aiayn.nn import cpu_decoding, int8_kernel
 
     names = {id(mod): name for name, mod in m.named_modules()}
     widest: dict[str, float] = {}
-    forward = cpu_kernels.DecodingInt8Linear.forward
+    forward = cpu_decoding.DecodingInt8Linear.forward
 
-    def spy(self: cpu_kernels.DecodingInt8Linear, x: torch.Tensor) -> torch.Tensor:
+    def spy(self: cpu_decoding.DecodingInt8Linear, x: torch.Tensor) -> torch.Tensor:
         span = float(x.max().clamp(min=0) - x.min().clamp(max=0))
         step = span / (2**int8_kernel.INT8_ACTIVATION_BITS - 1)
         widest[names[id(self)]] = max(step, widest.get(names[id(self)], 0.0))
         return forward(self, x)
 
-    cpu_kernels.DecodingInt8Linear.forward = spy  # type: ignore[method-assign]
+    cpu_decoding.DecodingInt8Linear.forward = spy  # type: ignore[method-assign]
     try:
         yield widest
     finally:
-        cpu_kernels.DecodingInt8Linear.forward = forward  # type: ignore[method-assign]
+        cpu_decoding.DecodingInt8Linear.forward = forward  # type: ignore[method-assign]
 
 
 def near_tie_bound(
@@ -505,7 +505,7 @@ def test_incremental_text_equals_decoding_everything_at_every_token(kind: str) -
     tokens (umlauts, Japanese, emoji) and a tokenizer that drops the first leading space."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from aiayn.serve.engine import incremental_text
+    from aiayn.serve.stream_text import incremental_text
 
     text = (
         "Fünf Leute stehen im Schnee. 日本語の文章です。 Ein Hund läuft 🐕 über grünes Gras! " * 3
@@ -541,7 +541,7 @@ def test_the_held_back_tail_is_the_longest_stop_prefix_the_text_ends_with() -> N
     """Against the definition, by brute force, on random texts and stop strings over two
     letters (where prefixes overlap most: the failure function's hard cases), and on a stop
     string longer than the text."""
-    from aiayn.serve.engine import _held_back
+    from aiayn.serve.stream_text import held_back
 
     def brute(text: str, stops: list[str]) -> int:
         longest = 0
@@ -555,5 +555,5 @@ def test_the_held_back_tail_is_the_longest_stop_prefix_the_text_ends_with() -> N
     for _ in range(3000):
         text = "".join(rng.choices("ab", k=rng.randint(0, 12)))
         stops = ["".join(rng.choices("ab", k=rng.randint(1, 8))) for _ in range(rng.randint(1, 3))]
-        assert _held_back(text, stops) == brute(text, stops), (text, stops)
-    assert _held_back("xyab", ["abab" * 10_000]) == 2
+        assert held_back(text, stops) == brute(text, stops), (text, stops)
+    assert held_back("xyab", ["abab" * 10_000]) == 2
