@@ -9,6 +9,7 @@ The public API:
 >>> bundle = aiayn.load("runs/multi30k")  # a checkpoint, a run or an HF folder
 >>> bundle.model, bundle.tokenizer, bundle.run
 >>> aiayn.scaled_dot_product_attention(q, k, v, mask, is_causal=True)
+>>> result = aiayn.run_training("configs/shakespeare_char.toml", "runs/char")  # aiayn train
 
 The names are imported on first use (PEP 562), so that ``import aiayn.cli`` -- and with it
 ``aiayn --help`` -- does not pay for torch.
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel, build_model
     from aiayn.nn.attention import scaled_dot_product_attention
     from aiayn.nn.cache import Cache, KVCache
+    from aiayn.train.entry import run_training
 
 __version__ = "0.1.0"
 
@@ -45,6 +47,7 @@ _HOME = {
     "scaled_dot_product_attention": "aiayn.nn.attention",
     "Cache": "aiayn.nn.cache",
     "KVCache": "aiayn.nn.cache",
+    "run_training": "aiayn.train.entry",
 }
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
     "load",
     "load_model",
     "presets",
+    "run_training",
     "save",
     "scaled_dot_product_attention",
 ]

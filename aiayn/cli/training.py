@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,38 +76,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-
-    import torch
-    import torch.distributed as dist
-
     from aiayn.cli.loading import _print_result
-    from aiayn.train.config import load_run_config
-    from aiayn.train.lm import train_lm
-    from aiayn.train.translate import train_translation
+    from aiayn.train.entry import run_training
 
-    overrides = _train_overrides(args)
-    run = load_run_config(args.config, overrides)
-    from aiayn.train.masked_lm import train_masked_lm
-    from aiayn.train.vision import train_vision
-
-    trainers = {
-        "decoder": train_lm,
-        "encoder-decoder": train_translation,
-        "encoder": train_masked_lm,
-    }
-    kind = "image" if run.model.vision.image_size is not None else run.model.arch
-    trainers["image"] = train_vision
-    if kind not in trainers:
-        raise UserError(f"aiayn train has no task for arch={run.model.arch!r} yet")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # torchrun
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    try:
-        result = trainers[kind](
-            run, args.out, data_dir(args.data), resume=args.resume, overwrite=args.overwrite
-        )
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    result = run_training(
+        args.config,
+        args.out,
+        data=args.data,
+        overrides=_train_overrides(args),
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     _print_result(result)
     return 0
 
@@ -122,7 +100,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aiayn.evaluate.perplexity import evaluate_lm
     from aiayn.models import EncoderDecoder
     from aiayn.models.precision import apply_precision
-    from aiayn.nn.cpu_kernels import for_decoding
+    from aiayn.nn.cpu_decoding import for_decoding
 
     bundle = load(args.checkpoint)
     model, tokenizer = bundle.model, bundle.tokenizer
