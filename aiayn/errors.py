@@ -28,6 +28,11 @@ class RequestError(UserError):
     """Input to a model cannot be served: too long, empty, out of the vocabulary or range."""
 
 
+class DeprecatedSetting(FutureWarning):
+    """A setting spelled the way of older configs (a flat ``n_heads`` for
+    ``attention.n_heads``): it is still read, and the warning names the spelling to write."""
+
+
 class NonFiniteLoss(FloatingPointError):
     """The loss or the gradient became NaN or infinite; the last good checkpoint stays."""
 

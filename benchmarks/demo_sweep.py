@@ -38,7 +38,7 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo_de_en.toml"
 # d_ff 1024, 8k BPE, dropout 0.1, 240 steps of 4,096 tokens, Eq. (3) with warm-up 100), so
 # that a trial means the same thing after configs/demo_de_en.toml adopts the sweep's winner.
 BASE = [
-    "model.d_ff=1024",
+    "model.ffn.d_ff=1024",
     "model.dropout=0.1",
     "data.bpe_vocab_size=8000",
     "train.max_tokens=4096",
@@ -70,7 +70,7 @@ def _curve(steps: int, every: int) -> list[str]:
     ]
 
 
-SMALL = ["model.d_ff=512", "data.bpe_vocab_size=4000"]
+SMALL = ["model.ffn.d_ff=512", "data.bpe_vocab_size=4000"]
 
 # Stages 1 and 2 ran with the scaled-normal initialisation (GPT-2's): they found the edge of
 # stability (peak 4e-3 diverged, 2.5e-3 did not) but no recipe that translated within the

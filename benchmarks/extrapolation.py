@@ -54,7 +54,7 @@ def main() -> int:
     )
     for scheme in args.schemes:
         overrides = {
-            "model.positional": scheme,
+            "model.positions.scheme": scheme,
             "model.max_len": max(args.contexts),
             "train.max_steps": args.steps,
         }

@@ -88,8 +88,8 @@ def paper_base_training(
         "train.checkpoint_interval": steps,
         "model.n_layers": 6 if not quick else 1,
         "model.d_model": 512 if not quick else 64,
-        "model.n_heads": 8 if not quick else 4,
-        "model.d_ff": 2048 if not quick else 128,
+        "model.attention.n_heads": 8 if not quick else 4,
+        "model.ffn.d_ff": 2048 if not quick else 128,
         "model.dropout": 0.3,
         "data.bpe_vocab_size": 8000 if not quick else 500,
     }
@@ -177,7 +177,7 @@ def generation(device: torch.device, quick: bool) -> dict[str, dict[str, float]]
     """GPT-2-small shape, greedy, 32 + 128 tokens: aiayn against HF generate."""
     from aiayn.interop.gpt2 import to_hf_gpt2
 
-    kw = dict(n_layers=2, d_model=64, n_heads=4, d_ff=256) if quick else {}
+    kw = {"n_layers": 2, "d_model": 64, "attention.n_heads": 4, "ffn.d_ff": 256} if quick else {}
     torch.manual_seed(0)
     ours = aiayn.build_model("gpt2-small", dropout=0.0, **kw).to(device).eval()
     hf = to_hf_gpt2(ours).to(device).eval()  # type: ignore[arg-type]

@@ -60,8 +60,22 @@ from aiayn.models.precision import Precision, apply_precision
 
 ENGINE_ROOT = Path(__file__).resolve().parent / ".engines"  # the HF folders all engines read
 SHAPES = {
-    "nanogpt-cpu": dict(n_layers=4, n_heads=4, d_model=128, block=64, batch=12, vocab=65),
-    "6L-384": dict(n_layers=6, n_heads=6, d_model=384, block=256, batch=8, vocab=65),
+    "nanogpt-cpu": {
+        "n_layers": 4,
+        "attention.n_heads": 4,
+        "d_model": 128,
+        "block": 64,
+        "batch": 12,
+        "vocab": 65,
+    },
+    "6L-384": {
+        "n_layers": 6,
+        "attention.n_heads": 6,
+        "d_model": 384,
+        "block": 256,
+        "batch": 8,
+        "vocab": 65,
+    },
 }
 
 
@@ -69,13 +83,12 @@ def config(s: dict[str, int]) -> ModelConfig:
     return get_preset(
         "gpt2-small",
         n_layers=s["n_layers"],
-        n_heads=s["n_heads"],
+        attention={"n_heads": s["n_heads"]},
         d_model=s["d_model"],
-        d_ff=4 * s["d_model"],
+        ffn={"d_ff": 4 * s["d_model"], "activation": "gelu"},
         vocab_size=s["vocab"],
         max_len=max(s["block"], 320),
         dropout=0.0,
-        activation="gelu",
     )
 
 
@@ -118,7 +131,14 @@ VARIANTS = {"aiayn-mkl": ours}
 COMPILED = "+compile"
 GEN_SHAPES = {
     "6L-384": SHAPES["6L-384"],
-    "gpt2-small-shape": dict(n_layers=12, n_heads=12, d_model=768, block=320, batch=1, vocab=50257),
+    "gpt2-small-shape": {
+        "n_layers": 12,
+        "attention.n_heads": 12,
+        "d_model": 768,
+        "block": 320,
+        "batch": 1,
+        "vocab": 50257,
+    },
 }
 
 

@@ -33,10 +33,10 @@ from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXERS = {
-    "softmax": {"mixer": "attention", "d_ff": 512},
-    "linear": {"mixer": "linear", "d_ff": 512},
-    "ssm": {"mixer": "ssm", "d_ff": 360},
-    "hybrid-ssm-1-in-4": {"mixer": "ssm", "d_ff": 400, "attention_every": 4},
+    "softmax": {"mixer.kind": "attention", "ffn.d_ff": 512},
+    "linear": {"mixer.kind": "linear", "ffn.d_ff": 512},
+    "ssm": {"mixer.kind": "ssm", "ffn.d_ff": 360},
+    "hybrid-ssm-1-in-4": {"mixer.kind": "ssm", "ffn.d_ff": 400, "mixer.attention_every": 4},
 }
 
 

@@ -57,7 +57,14 @@ from rounds import cell, host_rates, rates_line, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "serve.json"
-SHAPE = dict(n_layers=6, n_heads=6, d_model=384, d_ff=1536, vocab_size=65, max_len=320)
+SHAPE = {
+    "n_layers": 6,
+    "attention.n_heads": 6,
+    "d_model": 384,
+    "ffn.d_ff": 1536,
+    "vocab_size": 65,
+    "max_len": 320,
+}
 
 
 def make_checkpoint(folder: Path, text: str) -> None:
@@ -69,7 +76,10 @@ def make_checkpoint(folder: Path, text: str) -> None:
     tok = CharTokenizer.from_text(text)
     torch.manual_seed(0)
     model = aiayn.build_model(
-        "gpt2-small", **{**SHAPE, "vocab_size": tok.vocab_size}, dropout=0.0, activation="gelu"
+        "gpt2-small",
+        **{**SHAPE, "vocab_size": tok.vocab_size},
+        dropout=0.0,
+        ffn={"activation": "gelu"},
     )
     save(model, folder)
     tok.save(folder / TOKENIZER_FILE)

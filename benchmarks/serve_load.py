@@ -46,7 +46,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
-SHAPE = dict(n_layers=4, n_heads=4, d_model=256, d_ff=1024, max_len=256)
+SHAPE = {"n_layers": 4, "attention.n_heads": 4, "d_model": 256, "ffn.d_ff": 1024, "max_len": 256}
 TEXT = "the quick brown fox jumps over the lazy dog. " * 4
 VALID = ("valid: completion", "valid: stream")
 

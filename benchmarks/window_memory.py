@@ -40,12 +40,10 @@ def _run(window: int | None, tokens: int, queue: Any) -> None:
         "llama-style-small",
         n_layers=4,
         d_model=256,
-        n_heads=8,
-        n_kv_heads=2,
-        d_ff=512,
+        attention={"n_heads": 8, "n_kv_heads": 2, "sliding_window": window},
+        ffn={"d_ff": 512},
         vocab_size=1000,
         max_len=tokens + 64,
-        sliding_window=window,
     ).eval()
     samples: list[dict[str, float]] = []
     t0 = time.perf_counter()

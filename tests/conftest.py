@@ -57,7 +57,13 @@ def json_values(max_leaves: int = 12) -> st.SearchStrategy[object]:
 
 # Two layers, 32 wide, 4 heads, no dropout: a model every family can be, small enough to run
 # a forward pass in milliseconds, large enough for heads, grouping and caches to matter.
-TINY: dict[str, Any] = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.0}
+TINY: dict[str, Any] = {
+    "n_layers": 2,
+    "d_model": 32,
+    "attention.n_heads": 4,
+    "ffn.d_ff": 64,
+    "dropout": 0.0,
+}
 
 
 def tiny_model(preset: str, **overrides: Any) -> Any:
@@ -94,8 +100,8 @@ TRANSLATION_TOML = """
 preset = "paper-base"
 n_layers = 1
 d_model = 32
-n_heads = 4
-d_ff = 64
+attention.n_heads = 4
+ffn.d_ff = 64
 max_len = 64
 dropout = 0.1
 
@@ -123,8 +129,8 @@ LM_TOML = """
 preset = "gpt2-small"
 n_layers = 2
 d_model = 32
-n_heads = 4
-d_ff = 64
+attention.n_heads = 4
+ffn.d_ff = 64
 max_len = 32
 dropout = 0.1
 

@@ -42,7 +42,18 @@ def test_demo_trains_a_fixed_number_of_steps_translates_and_scores(
 def test_every_set_option_counts(capsys: pytest.CaptureFixture[str]) -> None:
     # argparse kept only the last of several --set options.
     assert (
-        main(["info", "gpt2-small", "--set", "n_layers=2", "--set", "d_model=64", "n_heads=2"]) == 0
+        main(
+            [
+                "info",
+                "gpt2-small",
+                "--set",
+                "n_layers=2",
+                "--set",
+                "d_model=64",
+                "attention.n_heads=2",
+            ]
+        )
+        == 0
     )
     assert "layers 2, d_model 64, heads 2" in capsys.readouterr().out
 

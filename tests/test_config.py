@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from aiayn.config import (
     field_names,
     get_preset,
 )
+from aiayn.errors import DeprecatedSetting
 
 
 def test_presets_and_overrides() -> None:
@@ -32,7 +34,7 @@ def test_presets_and_overrides() -> None:
         "llama-style-small",
         "bert-base",
     }
-    cfg = get_preset("paper-base", n_layers=2, d_model=64, n_heads=4)
+    cfg = get_preset("paper-base", n_layers=2, d_model=64, attention={"n_heads": 4})
     assert (cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.kv_heads) == (2, 64, 16, 4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.n_layers = 3  # type: ignore[misc]
@@ -50,22 +52,25 @@ def test_preset_sizes_match_published_models() -> None:
     ("overrides", "match"),
     [
         (
-            {"d_model": 30, "n_heads": 4},
+            {"d_model": 30, "attention.n_heads": 4},
             r"ModelConfig.d_model=30 .*multiple of attention.n_heads=4",
         ),
-        ({"n_heads": 8, "n_kv_heads": 3}, "AttentionConfig.n_heads=8 .*multiple of n_kv_heads=3"),
-        ({"positional": "t5"}, "PositionConfig.scheme='t5'.*'sinusoidal'"),
+        (
+            {"attention": {"n_heads": 8, "n_kv_heads": 3}},
+            "AttentionConfig.n_heads=8 .*multiple of n_kv_heads=3",
+        ),
+        ({"positions.scheme": "t5"}, "PositionConfig.scheme='t5'.*'sinusoidal'"),
         ({"norm": "batchnorm"}, "ModelConfig.norm='batchnorm'"),
         ({"norm_position": "sandwich"}, "norm_position"),
-        ({"activation": "tanh"}, "FeedForwardConfig.activation='tanh'"),
-        ({"attention_backend": "cuda"}, "AttentionConfig.backend='cuda'"),
+        ({"ffn.activation": "tanh"}, "FeedForwardConfig.activation='tanh'"),
+        ({"attention.backend": "cuda"}, "AttentionConfig.backend='cuda'"),
         ({"arch": "rnn"}, "arch='rnn'"),
         ({"n_layers": 0}, "n_layers=0.*positive"),
         ({"d_model": 512.0}, "d_model=512.0.*integer"),
         ({"dropout": 1.5}, r"dropout=1.5.*\[0, 1\)"),
         ({"pad_id": 40000}, "pad_id=40000"),
         ({"src_vocab_size": 100}, "tie_embeddings.*shared vocabulary"),
-        ({"positional": "rope", "d_head": 7}, "attention.d_head=7.*even"),
+        ({"positions.scheme": "rope", "attention.d_head": 7}, "attention.d_head=7.*even"),
         ({"layers": 3}, r"unknown ModelConfig field\(s\) \['layers'\]"),
         # TOML and --set give any type: the string "False" is truthy, and was taken as true.
         ({"bias": "False"}, "ModelConfig.bias='False' is invalid: expected true or false"),
@@ -73,7 +78,7 @@ def test_preset_sizes_match_published_models() -> None:
         ({"dropout": "high"}, "dropout='high' is invalid: expected a number"),
         ({"norm_eps": "abc"}, "norm_eps='abc' is invalid: expected a number"),
         (
-            {"n_kv_heads": "2"},
+            {"attention.n_kv_heads": "2"},
             "AttentionConfig.n_kv_heads='2' is invalid: expected an integer or None",
         ),
     ],
@@ -108,7 +113,7 @@ def test_json_round_trip() -> None:
 
 def test_initialisations() -> None:
     torch.manual_seed(0)
-    kw = dict(n_layers=2, d_model=256, n_heads=4, d_ff=1024, vocab_size=100)
+    kw = dict(n_layers=2, d_model=256, attention={"n_heads": 4}, ffn={"d_ff": 1024}, vocab_size=100)
     paper = aiayn.build_model("paper-base", **kw)
     assert paper.config.init == "xavier"
     w = paper.encoder.blocks[0].ffn.w1.weight  # (1024, 256)
@@ -184,39 +189,56 @@ FLAT_CONFIG = {
 }
 
 
-def test_flat_names_go_to_their_sub_config() -> None:
-    cfg = get_preset(
-        "gpt2-small",
-        n_heads=4,
-        n_kv_heads=2,
-        attention_dropout=0.1,
-        attention_scale=False,
-        positional="rope",
-        rope_base=500.0,
-        d_ff=64,
-        activation="swiglu",
-        n_experts=4,
-        experts_top_k=1,
-        expert_capacity_factor=1.5,
-        mixer="linear",
-        attention_every=2,
-    )
+def test_flat_names_go_to_their_sub_config_with_a_warning() -> None:
+    with pytest.warns(DeprecatedSetting) as flat:
+        cfg = get_preset(
+            "gpt2-small",
+            n_heads=4,
+            n_kv_heads=2,
+            attention_dropout=0.1,
+            attention_scale=False,
+            positional="rope",
+            rope_base=500.0,
+            d_ff=64,
+            activation="swiglu",
+            n_experts=4,
+            experts_top_k=1,
+            expert_capacity_factor=1.5,
+            mixer="linear",
+            attention_every=2,
+        )
+    assert len(flat) == 13
     assert cfg.attention == AttentionConfig(n_heads=4, n_kv_heads=2, dropout=0.1, scale=False)
     assert cfg.positions == PositionConfig(scheme="rope", rope_base=500.0)
     assert cfg.ffn == FeedForwardConfig(
         d_ff=64, activation="swiglu", n_experts=4, top_k=1, capacity_factor=1.5
     )
     assert cfg.mixer == MixerConfig(kind="linear", attention_every=2)
-    rnn = get_preset("paper-base", rnn="lstm", rnn_attention=False)
+    with pytest.warns(DeprecatedSetting):
+        rnn = get_preset("paper-base", rnn="lstm", rnn_attention=False)
     assert rnn.rnn == RNNConfig(cell="lstm", attention=False)
-    vit = get_preset(
-        "bert-base", image_size=32, patch_size=8, channels=1, n_classes=10, pool="mean"
-    )
+    with pytest.warns(DeprecatedSetting):
+        vit = get_preset(
+            "bert-base", image_size=32, patch_size=8, channels=1, n_classes=10, pool="mean"
+        )
     assert vit.vision == VisionConfig(
         image_size=32, patch_size=8, channels=1, n_classes=10, pool="mean"
     )
     # Every flat name has a place, and every place is a field.
     assert set(FLAT_NAMES.values()) <= set(field_names())
+
+
+@pytest.mark.parametrize("flat", sorted(FLAT_NAMES))
+def test_each_flat_name_warns_naming_the_one_to_write(flat: str) -> None:
+    part, _, inner = FLAT_NAMES[flat].partition(".")
+    value = getattr(getattr(get_preset("gpt2-small"), part), inner)
+    expected = f"'{flat}' is the flat spelling.*write '{part}.{inner}'.*under \\[model.{part}\\]"
+    with pytest.warns(DeprecatedSetting, match=expected):
+        assert get_preset("gpt2-small", **{flat: value}) == get_preset("gpt2-small")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the dotted name and the table are read silently
+        get_preset("gpt2-small", **{f"{part}.{inner}": value})
+        get_preset("gpt2-small", **{part: {inner: value}})
 
 
 def test_nested_and_dotted_settings() -> None:
@@ -227,15 +249,14 @@ def test_nested_and_dotted_settings() -> None:
         attention=AttentionConfig(n_heads=4),
         ffn=base.ffn.__class__(d_ff=64, activation="gelu_tanh"),
     )
-    assert by_table == by_dots == by_object == base.replace(n_heads=4, d_ff=64)
+    with pytest.warns(DeprecatedSetting):
+        assert by_table == by_dots == by_object == base.replace(n_heads=4, d_ff=64)
     # A table changes only the fields it names; the preset's others stay.
     assert by_table.ffn.activation == "gelu_tanh" and by_table.positions.scheme == "learned"
     assert ModelConfig.from_dict(by_table.to_dict()) == by_table
-    assert dotted_settings({"n_heads": 2, "ffn": {"d_ff": 8}, "d_model": 16}) == {
-        "attention.n_heads": 2,
-        "ffn.d_ff": 8,
-        "d_model": 16,
-    }
+    with pytest.warns(DeprecatedSetting):
+        dotted = dotted_settings({"n_heads": 2, "ffn": {"d_ff": 8}, "d_model": 16})
+    assert dotted == {"attention.n_heads": 2, "ffn.d_ff": 8, "d_model": 16}
 
 
 @pytest.mark.parametrize(
@@ -246,7 +267,7 @@ def test_nested_and_dotted_settings() -> None:
         ({"attention.wat": 1}, r"unknown ModelConfig field\(s\) \['attention.wat'\]"),
         ({"attention": {"n_head": 2}}, r"\['attention.n_head'\]"),
         ({"positions.positional": "rope"}, r"\['positions.positional'\]"),
-        ({"n_heads": 2, "attention.n_heads": 4}, "attention.n_heads is given twice"),
+        ({"attention": {"n_heads": 2}, "attention.n_heads": 4}, "attention.n_heads is given twice"),
         ({"attention": 4}, r"ModelConfig.attention=4 is invalid: expected a sub-config"),
     ],
 )
@@ -311,14 +332,34 @@ def _part_name(part: type) -> str:
 @pytest.mark.parametrize(
     ("preset", "overrides", "match"),
     [
-        ("paper-base", {"mixer": "ssm"}, "ModelConfig.mixer.kind='ssm' .*decoder only"),
-        ("gpt2-small", {"mixer": "ssm", "sliding_window": 4}, "attention.sliding_window=4"),
-        ("gpt2-small", {"mixer": "linear", "positional": "alibi"}, "positions.scheme='alibi'"),
-        ("gpt2-small", {"mixer": "ssm", "ssm_head_dim": 100}, "mixer.ssm_head_dim=100 .*divisor"),
-        ("gpt2-small", {"image_size": 32, "n_classes": 2}, "vision.image_size=32 .*an encoder"),
-        ("bert-base", {"image_size": 32, "n_classes": 2, "positional": "rope"}, "positions.scheme"),
-        ("gpt2-small", {"rnn": "gru"}, "ModelConfig.rnn.cell='gru' .*RNN baselines translate"),
-        ("bert-base", {"sliding_window": 4}, "attention.sliding_window=4 .*it is causal"),
+        ("paper-base", {"mixer.kind": "ssm"}, "ModelConfig.mixer.kind='ssm' .*decoder only"),
+        (
+            "gpt2-small",
+            {"mixer.kind": "ssm", "attention.sliding_window": 4},
+            "attention.sliding_window=4",
+        ),
+        (
+            "gpt2-small",
+            {"mixer.kind": "linear", "positions.scheme": "alibi"},
+            "positions.scheme='alibi'",
+        ),
+        (
+            "gpt2-small",
+            {"mixer.kind": "ssm", "mixer.ssm_head_dim": 100},
+            "mixer.ssm_head_dim=100 .*divisor",
+        ),
+        (
+            "gpt2-small",
+            {"vision.image_size": 32, "vision.n_classes": 2},
+            "vision.image_size=32 .*an encoder",
+        ),
+        (
+            "bert-base",
+            {"vision.image_size": 32, "vision.n_classes": 2, "positions.scheme": "rope"},
+            "positions.scheme",
+        ),
+        ("gpt2-small", {"rnn.cell": "gru"}, "ModelConfig.rnn.cell='gru' .*RNN baselines translate"),
+        ("bert-base", {"attention.sliding_window": 4}, "attention.sliding_window=4 .*it is causal"),
     ],
 )
 def test_cross_field_checks_name_the_setting(preset: str, overrides: dict, match: str) -> None:
@@ -334,7 +375,7 @@ def test_sub_configs_of_another_type_are_refused() -> None:
 
 
 def test_json_is_nested_and_round_trips() -> None:
-    cfg = get_preset("llama-style-small", n_experts=4, sliding_window=8)
+    cfg = get_preset("llama-style-small", ffn={"n_experts": 4}, attention={"sliding_window": 8})
     data = json.loads(cfg.to_json())
     assert data["attention"]["n_kv_heads"] == 4 and data["attention"]["sliding_window"] == 8
     assert data["positions"] == {"scheme": "rope", "rope_base": 10000.0, "rope_scaling": 1.0}
@@ -344,14 +385,13 @@ def test_json_is_nested_and_round_trips() -> None:
 
 
 def test_flat_config_json_of_older_checkpoints_loads(tmp_path: Path) -> None:
-    cfg = ModelConfig.from_dict(FLAT_CONFIG)
+    cfg = ModelConfig.from_json(json.dumps(FLAT_CONFIG))  # silently: a stored file
     assert cfg == get_preset(
         "llama-style-small",
         n_layers=2,
         d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=64,
+        attention={"n_heads": 4, "n_kv_heads": 2},
+        ffn={"d_ff": 64},
         vocab_size=50,
         max_len=16,
     )
@@ -369,8 +409,11 @@ def test_flat_config_json_of_older_checkpoints_loads(tmp_path: Path) -> None:
 
 def test_value_reads_any_spelling() -> None:
     cfg = get_preset("llama-style-small")
-    assert cfg.value("n_heads") == cfg.value("attention.n_heads") == cfg.attention.n_heads == 12
-    assert cfg.value("mixer") == "attention" and cfg.value("rnn") is None  # flat: kind, cell
+    assert cfg.value("attention.n_heads") == cfg.attention.n_heads == 12
+    with pytest.warns(DeprecatedSetting, match="'n_heads' .* write 'attention.n_heads'"):
+        assert cfg.value("n_heads") == 12
+    with pytest.warns(DeprecatedSetting, match="write 'mixer.kind'"):
+        assert cfg.value("mixer") == "attention"  # flat: the kind
     assert cfg.value("attention") == cfg.attention and cfg.value("d_model") == 768
     assert (cfg.value("head_dim"), cfg.value("kv_heads"), cfg.value("projection_bias")) == (
         64,
@@ -383,6 +426,31 @@ def test_value_reads_any_spelling() -> None:
 
 def test_differing_fields_are_dotted() -> None:
     a = get_preset("gpt2-small")
-    b = a.replace(n_heads=4, d_model=256, rope_scaling=2.0)
+    b = a.replace(attention={"n_heads": 4}, d_model=256, positions={"rope_scaling": 2.0})
     assert differing_fields(a, b) == ["d_model", "attention.n_heads", "positions.rope_scaling"]
     assert differing_fields(a, b, skip=("attention.n_heads", "positions")) == ["d_model"]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_run_configs_write_each_setting_one_way(path: Path) -> None:
+    from aiayn.train.config import load_run_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecatedSetting)
+        load_run_config(path)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "experiments").glob("*.toml")), ids=lambda p: p.name
+)
+def test_shipped_sweeps_write_each_setting_one_way(path: Path) -> None:
+    from aiayn.experiment import load_sweep
+
+    sweep = load_sweep(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecatedSetting)
+        for variant in sweep.variants:
+            sweep.run_config(variant)

@@ -58,7 +58,15 @@ def test_training_on_the_gpu_in_bf16_and_resuming_on_the_cpu(tmp_path: Path) -> 
 
 def test_generation_and_beam_search_in_bf16() -> None:
     torch.manual_seed(0)
-    kw = dict(n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=50, dropout=0.0, max_len=64)
+    kw = {
+        "n_layers": 2,
+        "d_model": 64,
+        "attention.n_heads": 4,
+        "ffn.d_ff": 128,
+        "vocab_size": 50,
+        "dropout": 0.0,
+        "max_len": 64,
+    }
     lm = aiayn.build_model("gpt2-small", **kw).cuda().to(torch.bfloat16).eval()
     assert lm.new_cache(2).layers[0].self_kv.k.dtype == torch.bfloat16
     out = generate(

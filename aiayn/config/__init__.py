@@ -12,11 +12,13 @@ against the architecture) are ModelConfig's.  A bad value raises ``ValueError`` 
 class, the field, the value and what was expected.  Configs serialise to nested JSON so that a
 checkpoint describes itself.
 
-Settings are named three ways, all read by ``ModelConfig.from_dict``,
-``ModelConfig.replace`` and ``get_preset``: a core field (``d_model``), a dotted
-sub-config field (``attention.n_heads``, or a ``[model.attention]`` TOML table), and the flat
-name every field had before the sub-configs (``n_heads``, ``attention_dropout``), which old
-checkpoints, TOML files and sweeps still use (``FLAT_NAMES`` maps each to its new place).
+A setting has one spelling: a core field (``d_model``), or a sub-config's field, given as its
+table (``attention={"n_heads": 8}`` in code, ``[model.attention]`` in TOML) or dotted
+(``attention.n_heads``, as ``--set`` and sweeps name it); ``ModelConfig.from_dict``,
+``ModelConfig.replace`` and ``get_preset`` read both forms.  The flat names every field had
+before the sub-configs (``n_heads``, ``attention_dropout``; ``FLAT_NAMES`` maps each to its
+place) are still read, with a ``DeprecatedSetting`` warning that names the spelling to write;
+a checkpoint's stored config in the flat form loads silently (``ModelConfig.from_json``).
 
 The presets reproduce published sizes:
 

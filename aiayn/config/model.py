@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -31,7 +32,7 @@ from aiayn.config.validate import (
     _fail,
     check_field_types,
 )
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, DeprecatedSetting
 
 FLAT_NAMES: dict[str, str] = {
     "n_heads": "attention.n_heads",
@@ -286,11 +287,11 @@ class ModelConfig:
         return self.vocab_size if self.src_vocab_size is None else self.src_vocab_size
 
     def value(self, name: str) -> Any:
-        """The setting ``name`` in any of its spellings (a field, ``attention.n_heads`` or
-        the flat ``n_heads``), or a derived size (``DERIVED``, e.g. ``head_dim``)."""
+        """The setting ``name`` (a field, or dotted: ``attention.n_heads``; a flat ``n_heads``
+        warns, ``new_name``), or a derived size (``DERIVED``, e.g. ``head_dim``)."""
         if name in DERIVED:
             return getattr(self, name)
-        dotted = FLAT_NAMES.get(name, name)
+        dotted = new_name(name) if name in FLAT_NAMES else name
         if dotted not in PARTS and dotted not in field_names():
             raise ConfigError(
                 f"unknown ModelConfig field {name!r}; expected one of {field_names()}"
@@ -322,8 +323,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
-        """A config from settings in any spelling (``dotted_settings``): the nested form
-        ``to_dict`` writes, or the flat one of older checkpoints; missing ones default."""
+        """A config from settings as ``dotted_settings`` reads them (the nested form ``to_dict``
+        writes, or dotted names); missing ones default."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"a model config must be a table of settings, got {data!r}")
         return cls().replace(**dict(data))
@@ -333,13 +334,15 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, text: str) -> ModelConfig:
+        """The config a checkpoint stores: the nested form, or the flat one that aiayn wrote
+        before the sub-configs (read without a warning: the file is not the user's to fix)."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"model config is not valid JSON: {err}") from err
         if not isinstance(data, dict):
             raise ConfigError(f"model config JSON must be an object, got {type(data).__name__}")
-        return cls.from_dict(data)
+        return cls.from_dict(upgrade_flat_names(data))
 
 
 def _fields(cls: type) -> tuple[str, ...]:
@@ -355,6 +358,30 @@ def field_names() -> list[str]:
     return [*_CORE, *(f"{part}.{name}" for part, cls in PARTS.items() for name in _fields(cls))]
 
 
+def new_name(flat: str) -> str:
+    """The dotted name of the flat setting ``flat`` (``n_heads`` -> ``attention.n_heads``),
+    with a ``DeprecatedSetting`` warning that names it: one spelling is written, the old one
+    is still read."""
+    dotted = FLAT_NAMES[flat]
+    part, _, inner = dotted.partition(".")
+    warnings.warn(
+        f"model setting {flat!r} is the flat spelling of older configs; write {dotted!r}"
+        f" (in TOML: {inner} = ... under [model.{part}])",
+        DeprecatedSetting,
+        stacklevel=3,
+    )
+    return dotted
+
+
+def upgrade_flat_names(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored config with its flat names (``FLAT_NAMES``) replaced by their dotted ones,
+    silently; a sub-config's table (``"mixer": {...}``) is kept as it is."""
+    return {
+        FLAT_NAMES[key] if key in FLAT_NAMES and not isinstance(value, Mapping) else key: value
+        for key, value in data.items()
+    }
+
+
 def _spellings(key: str, value: Any) -> list[tuple[str, Any]]:
     """One setting as (dotted name, value) pairs (an unknown key comes back as it is, for
     ``dotted_settings`` to name)."""
@@ -364,7 +391,7 @@ def _spellings(key: str, value: Any) -> list[tuple[str, Any]]:
     if part_class is not None and isinstance(value, Mapping):  # a [model.attention] table
         return [(f"{key}.{name}", v) for name, v in value.items()]
     if key in FLAT_NAMES:  # also "mixer" and "rnn" given a kind or a cell
-        return [(FLAT_NAMES[key], value)]
+        return [(new_name(key), value)]
     if part_class is not None:
         raise ConfigError(
             f"ModelConfig.{key}={value!r} is invalid: expected a sub-config"
@@ -378,7 +405,7 @@ def dotted_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     them.  A key may be a core field (``d_model``), a dotted sub-config field
     (``attention.n_heads``), a sub-config (``attention``) holding an ``AttentionConfig``
     or a table of its fields, or a flat name of older configs (``n_heads``,
-    ``FLAT_NAMES``).  Raises ValueError naming unknown keys, or a setting given twice."""
+    ``FLAT_NAMES``), read with a ``DeprecatedSetting`` warning naming the dotted one.  Raises ValueError naming unknown keys, or a setting given twice."""
     known = set(field_names())
     found: dict[str, Any] = {}
     given: dict[str, str] = {}  # dotted name -> the key that gave it
@@ -398,7 +425,6 @@ def dotted_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"unknown ModelConfig field(s) {sorted(unknown)}"
             + (f" (did you mean {', '.join(near)}?)" if near else "")
-            + f"; expected some of {field_names()} (or their flat names of older configs, such"
-            " as n_heads)"
+            + f"; expected some of {field_names()}"
         )
     return found

@@ -36,6 +36,7 @@ from typing import Any
 
 from aiayn.checkpoint import RunDir, load, read_run
 from aiayn.config import dotted_settings
+from aiayn.config.model import upgrade_flat_names
 from aiayn.config.run import RunConfig
 from aiayn.data.batching import batch_shapes
 from aiayn.data.parallel import multi30k
@@ -119,7 +120,8 @@ def _check_same_config(folder: Path, run: RunConfig, name: str) -> None:
     for table in ("train", "data", "model"):
         before, after = dict(saved.get(table, {})), dict(now[table])
         if table == "model":  # saved flat by older aiayn, nested now: by dotted names
-            before, after = dotted_settings(before), dotted_settings(after)
+            before = dotted_settings(upgrade_flat_names(before))
+            after = dotted_settings(after)
             for key in ("vocab_size", "pad_id"):
                 before.pop(key, None), after.pop(key, None)
         changed = _differences(before, after, defaults[table])

@@ -28,6 +28,7 @@ from aiayn.interop.hf import (
     NameMap,
     Reading,
     check_fields,
+    check_settings,
     copied_from_hf,
     copied_to_hf,
     import_transformers,
@@ -58,7 +59,9 @@ def _bart_config(config: ModelConfig, attn_implementation: str | None, **ids: in
     """ModelConfig -> ``BartConfig`` (inverse of ``config_from_bart``)."""
     fields = seq2seq_fields(config, "BART", _ACTIVATIONS_BACK)
     want = "ModelConfig (for BART)"
-    check_fields(want, config, embedding_norm=(True,), norm_eps=(1e-5,), type_vocab_size=(0,))
+    check_settings(
+        want, config, {"embedding_norm": (True,), "norm_eps": (1e-5,), "type_vocab_size": (0,)}
+    )
     pad = config.pad_id if config.pad_id is not None else 1
     eos = ids.get("eos", 2)
     return import_transformers().BartConfig(

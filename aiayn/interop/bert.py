@@ -33,6 +33,7 @@ from aiayn.interop.hf import (
     NameMap,
     Reading,
     check_fields,
+    check_settings,
     copied_from_hf,
     copied_to_hf,
     import_transformers,
@@ -59,31 +60,31 @@ def config_from_bert(hf_config: Any, *, pooler: bool, mlm_head: bool) -> ModelCo
         "BertConfig", c, add_cross_attention=(False,), position_embedding_type=("absolute",)
     )
     return ModelConfig.from_dict(
-        dict(
-            arch="encoder",
-            vocab_size=c.vocab_size,
-            n_layers=c.num_hidden_layers,
-            d_model=c.hidden_size,
-            n_heads=c.num_attention_heads,
-            d_ff=c.intermediate_size,
-            max_len=c.max_position_embeddings,
-            positional="learned",
-            norm="layernorm",
-            norm_position="post",
-            norm_eps=c.layer_norm_eps,
-            activation=_ACTIVATIONS[c.hidden_act],
-            bias=True,
-            dropout=c.hidden_dropout_prob,
-            attention_dropout=c.attention_probs_dropout_prob,
-            scale_embeddings=False,
-            tie_embeddings=getattr(c, "tie_word_embeddings", True),
-            pad_id=c.pad_token_id,
-            type_vocab_size=c.type_vocab_size,
-            embedding_norm=True,
-            pooler=pooler,
-            mlm_head=mlm_head,
-            init_std=c.initializer_range,
-        )
+        {
+            "arch": "encoder",
+            "vocab_size": c.vocab_size,
+            "n_layers": c.num_hidden_layers,
+            "d_model": c.hidden_size,
+            "attention.n_heads": c.num_attention_heads,
+            "ffn.d_ff": c.intermediate_size,
+            "max_len": c.max_position_embeddings,
+            "positions.scheme": "learned",
+            "norm": "layernorm",
+            "norm_position": "post",
+            "norm_eps": c.layer_norm_eps,
+            "ffn.activation": _ACTIVATIONS[c.hidden_act],
+            "bias": True,
+            "dropout": c.hidden_dropout_prob,
+            "attention.dropout": c.attention_probs_dropout_prob,
+            "scale_embeddings": False,
+            "tie_embeddings": getattr(c, "tie_word_embeddings", True),
+            "pad_id": c.pad_token_id,
+            "type_vocab_size": c.type_vocab_size,
+            "embedding_norm": True,
+            "pooler": pooler,
+            "mlm_head": mlm_head,
+            "init_std": c.initializer_range,
+        }
     )
 
 
@@ -91,14 +92,22 @@ def _bert_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     """ModelConfig -> ``BertConfig`` (inverse of ``config_from_bert``)."""
     c = config
     want = "ModelConfig (for BERT)"
-    check_fields(want, c, arch=("encoder",), positional=("learned",), norm=("layernorm",))
-    check_fields(
-        want, c, norm_position=("post",), activation=tuple(_ACTIVATIONS_BACK), bias=(True,)
+    check_settings(
+        want, c, {"arch": ("encoder",), "positions.scheme": ("learned",), "norm": ("layernorm",)}
+    )
+    check_settings(
+        want,
+        c,
+        {"norm_position": ("post",), "ffn.activation": tuple(_ACTIVATIONS_BACK), "bias": (True,)},
     )
     heads = c.attention.n_heads
-    check_fields(want, c, scale_embeddings=(False,), kv_heads=(heads,), embedding_norm=(True,))
-    check_fields(want, c, head_dim=(c.d_model // heads,), attention_score=("dot",))
-    check_fields(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
+    check_settings(
+        want, c, {"scale_embeddings": (False,), "kv_heads": (heads,), "embedding_norm": (True,)}
+    )
+    check_settings(want, c, {"head_dim": (c.d_model // heads,), "attention.score": ("dot",)})
+    check_settings(
+        want, c, {"attention.scale": (True,), "residual": (True,), "ffn.n_experts": (None,)}
+    )
     return import_transformers().BertConfig(
         vocab_size=c.vocab_size,
         hidden_size=c.d_model,

@@ -22,6 +22,7 @@ from aiayn.interop.hf import (
     NameMap,
     Reading,
     check_fields,
+    check_settings,
     copied_from_hf,
     copied_to_hf,
     import_transformers,
@@ -47,27 +48,27 @@ def config_from_gpt2(hf_config: Any) -> ModelConfig:
     check_fields("GPT2Config", c, scale_attn_weights=(True,), add_cross_attention=(False,))
     check_fields("GPT2Config", c, scale_attn_by_inverse_layer_idx=(False,))
     return ModelConfig.from_dict(
-        dict(
-            arch="decoder",
-            vocab_size=c.vocab_size,
-            n_layers=c.n_layer,
-            d_model=c.n_embd,
-            n_heads=c.n_head,
-            d_ff=c.n_inner or 4 * c.n_embd,
-            max_len=c.n_positions,
-            positional="learned",
-            norm="layernorm",
-            norm_position="pre",
-            norm_eps=c.layer_norm_epsilon,
-            activation=_GPT2_ACTIVATIONS[c.activation_function],
-            bias=True,
-            dropout=c.resid_pdrop,
-            attention_dropout=c.attn_pdrop,
-            scale_embeddings=False,
-            tie_embeddings=getattr(c, "tie_word_embeddings", True),
-            pad_id=None,
-            init_std=c.initializer_range,
-        )
+        {
+            "arch": "decoder",
+            "vocab_size": c.vocab_size,
+            "n_layers": c.n_layer,
+            "d_model": c.n_embd,
+            "attention.n_heads": c.n_head,
+            "ffn.d_ff": c.n_inner or 4 * c.n_embd,
+            "max_len": c.n_positions,
+            "positions.scheme": "learned",
+            "norm": "layernorm",
+            "norm_position": "pre",
+            "norm_eps": c.layer_norm_epsilon,
+            "ffn.activation": _GPT2_ACTIVATIONS[c.activation_function],
+            "bias": True,
+            "dropout": c.resid_pdrop,
+            "attention.dropout": c.attn_pdrop,
+            "scale_embeddings": False,
+            "tie_embeddings": getattr(c, "tie_word_embeddings", True),
+            "pad_id": None,
+            "init_std": c.initializer_range,
+        }
     )
 
 
@@ -75,11 +76,19 @@ def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     """ModelConfig -> ``GPT2Config`` (inverse of ``config_from_gpt2``)."""
     c = config
     want = "ModelConfig (for GPT-2)"
-    check_fields(want, c, arch=("decoder",), positional=("learned",), norm=("layernorm",))
-    check_fields(want, c, norm_position=("pre",), activation=tuple(_GPT2_ACTIVATIONS_BACK))
-    check_fields(want, c, bias=(True,), scale_embeddings=(False,), kv_heads=(c.attention.n_heads,))
-    check_fields(want, c, head_dim=(c.d_model // c.attention.n_heads,))
-    check_fields(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
+    check_settings(
+        want, c, {"arch": ("decoder",), "positions.scheme": ("learned",), "norm": ("layernorm",)}
+    )
+    check_settings(
+        want, c, {"norm_position": ("pre",), "ffn.activation": tuple(_GPT2_ACTIVATIONS_BACK)}
+    )
+    check_settings(
+        want, c, {"bias": (True,), "scale_embeddings": (False,), "kv_heads": (c.attention.n_heads,)}
+    )
+    check_settings(want, c, {"head_dim": (c.d_model // c.attention.n_heads,)})
+    check_settings(
+        want, c, {"attention.score": ("dot",), "attention.scale": (True,), "residual": (True,)}
+    )
     # GPT-2's default special token 50256 only exists in its own vocabulary.
     special = {} if c.vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None}
     return import_transformers().GPT2Config(

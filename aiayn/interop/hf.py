@@ -13,7 +13,7 @@ llama.py, bert.py, marian.py, bart.py), registered once in aiayn/interop/familie
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -52,12 +52,25 @@ def import_transformers() -> Any:
 
 
 def check_fields(owner: str, obj: Any, **allowed: tuple[object, ...]) -> None:
-    """Raise ValueError naming the first field of ``obj`` whose value is not in ``allowed``."""
+    """Raise CheckpointError naming the first field of the Hugging Face config ``obj`` whose
+    value is not in ``allowed``; a field it lacks (an older or newer HF) is the representable
+    default, ``allowed``'s first."""
     for name, ok in allowed.items():
-        # A ModelConfig's settings by their flat names (n_heads); an HF config's field absent
-        # (older/newer HF) = the representable default.
-        is_ours = isinstance(obj, ModelConfig)
-        value = obj.value(name) if is_ours else getattr(obj, name, ok[0])
+        value = getattr(obj, name, ok[0])
+        if value not in ok:
+            raise CheckpointError(
+                f"{owner} {name}={value!r} cannot be converted: expected one of {ok}"
+            )
+
+
+def check_settings(
+    owner: str, config: ModelConfig, allowed: Mapping[str, tuple[object, ...]]
+) -> None:
+    """Raise CheckpointError naming the first setting of ``config`` (by its dotted name, e.g.
+    ``positions.scheme``, or a derived size such as ``head_dim``) whose value is not in
+    ``allowed``."""
+    for name, ok in allowed.items():
+        value = config.value(name)
         if value not in ok:
             raise CheckpointError(
                 f"{owner} {name}={value!r} cannot be converted: expected one of {ok}"

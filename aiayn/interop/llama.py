@@ -29,6 +29,7 @@ from aiayn.interop.hf import (
     NameMap,
     Reading,
     check_fields,
+    check_settings,
     copied_from_hf,
     copied_to_hf,
     experts_layout,
@@ -102,7 +103,7 @@ def config_from_llama(hf_config: Any, variant: LlamaVariant = LLAMA) -> ModelCon
     experts: dict[str, Any] = {}
     if variant.experts:  # experts of size intermediate_size, the top k mixed (aiayn/nn/moe.py)
         check_fields(owner, c, router_jitter_noise=(0.0, None))
-        experts = {"n_experts": c.num_local_experts, "experts_top_k": c.num_experts_per_tok}
+        experts = {"ffn.n_experts": c.num_local_experts, "ffn.top_k": c.num_experts_per_tok}
     qkv_bias: bool | None = None
     if variant.qkv_bias:
         qkv_bias = True
@@ -112,34 +113,36 @@ def config_from_llama(hf_config: Any, variant: LlamaVariant = LLAMA) -> ModelCon
     rope_base, rope_scaling = _llama_rope(c)
     head_dim = getattr(c, "head_dim", None)
     return ModelConfig.from_dict(
-        dict(
-            arch="decoder",
-            vocab_size=c.vocab_size,
-            n_layers=c.num_hidden_layers,
-            d_model=c.hidden_size,
-            n_heads=c.num_attention_heads,
-            n_kv_heads=c.num_key_value_heads or c.num_attention_heads,
-            d_head=None if head_dim in (None, c.hidden_size // c.num_attention_heads) else head_dim,
-            d_ff=c.intermediate_size,
-            max_len=c.max_position_embeddings,
-            positional="rope",
-            rope_base=rope_base,
-            rope_scaling=rope_scaling,
-            norm="rmsnorm",
-            norm_position="pre",
-            norm_eps=c.rms_norm_eps,
-            activation="swiglu",
-            bias=False,
-            dropout=0.0,
-            attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
-            scale_embeddings=False,
-            tie_embeddings=bool(c.tie_word_embeddings),
-            pad_id=None,
-            init_std=c.initializer_range,
-            qkv_bias=qkv_bias,
-            sliding_window=window,
+        {
+            "arch": "decoder",
+            "vocab_size": c.vocab_size,
+            "n_layers": c.num_hidden_layers,
+            "d_model": c.hidden_size,
+            "attention.n_heads": c.num_attention_heads,
+            "attention.n_kv_heads": c.num_key_value_heads or c.num_attention_heads,
+            "attention.d_head": None
+            if head_dim in (None, c.hidden_size // c.num_attention_heads)
+            else head_dim,
+            "ffn.d_ff": c.intermediate_size,
+            "max_len": c.max_position_embeddings,
+            "positions.scheme": "rope",
+            "positions.rope_base": rope_base,
+            "positions.rope_scaling": rope_scaling,
+            "norm": "rmsnorm",
+            "norm_position": "pre",
+            "norm_eps": c.rms_norm_eps,
+            "ffn.activation": "swiglu",
+            "bias": False,
+            "dropout": 0.0,
+            "attention.dropout": float(getattr(c, "attention_dropout", 0.0) or 0.0),
+            "scale_embeddings": False,
+            "tie_embeddings": bool(c.tie_word_embeddings),
+            "pad_id": None,
+            "init_std": c.initializer_range,
+            "attention.qkv_bias": qkv_bias,
+            "attention.sliding_window": window,
             **experts,
-        )
+        }
     )
 
 
@@ -151,15 +154,19 @@ def _llama_config(
     embedding/residual dropout, so ``config.dropout`` (training only) is dropped."""
     c = config
     want = f"ModelConfig (for {variant.name})"
-    check_fields(want, c, arch=("decoder",), positional=("rope",), norm=("rmsnorm",))
-    check_fields(want, c, norm_position=("pre",), activation=("swiglu",))
-    check_fields(want, c, bias=(False,), scale_embeddings=(False,))
-    check_fields(want, c, attention_score=("dot",), attention_scale=(True,), residual=(True,))
-    check_fields(want, c, mixer=("attention",), projection_bias=(variant.qkv_bias,))
-    check_fields(want, c, n_experts=(c.ffn.n_experts,) if variant.experts else (None,))
-    check_fields(want, c, expert_capacity_factor=(None,))  # HF computes every assignment
+    check_settings(
+        want, c, {"arch": ("decoder",), "positions.scheme": ("rope",), "norm": ("rmsnorm",)}
+    )
+    check_settings(want, c, {"norm_position": ("pre",), "ffn.activation": ("swiglu",)})
+    check_settings(want, c, {"bias": (False,), "scale_embeddings": (False,)})
+    check_settings(
+        want, c, {"attention.score": ("dot",), "attention.scale": (True,), "residual": (True,)}
+    )
+    check_settings(want, c, {"mixer.kind": ("attention",), "projection_bias": (variant.qkv_bias,)})
+    check_settings(want, c, {"ffn.n_experts": (c.ffn.n_experts,) if variant.experts else (None,)})
+    check_settings(want, c, {"ffn.capacity_factor": (None,)})  # HF computes every assignment
     if variant.window == "never":
-        check_fields(want, c, sliding_window=(None,))
+        check_settings(want, c, {"attention.sliding_window": (None,)})
     p = c.positions
     scaling = None if p.rope_scaling == 1.0 else {"rope_type": "linear", "factor": p.rope_scaling}
     extra: dict[str, Any] = {}

@@ -41,6 +41,7 @@ from aiayn.interop.hf import (
     NameMap,
     Reading,
     check_fields,
+    check_settings,
     copied_from_hf,
     copied_to_hf,
     import_transformers,
@@ -76,29 +77,29 @@ def seq2seq_config(hf_config: Any, family: str, activation: str, **fields: Any) 
             " converted: aiayn's stacks share them"
         )
     return ModelConfig.from_dict(
-        dict(
-            arch="encoder-decoder",
-            vocab_size=c.vocab_size,
-            n_layers=c.encoder_layers,
-            n_decoder_layers=None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
-            d_model=c.d_model,
-            n_heads=c.encoder_attention_heads,
-            d_ff=c.encoder_ffn_dim,
-            max_len=c.max_position_embeddings,
-            positional="learned",
-            norm="layernorm",
-            norm_position="post",
-            activation=activation,
-            bias=True,
-            dropout=c.dropout,
-            attention_dropout=c.attention_dropout,
-            scale_embeddings=bool(c.scale_embedding),
-            tie_embeddings=True,
-            pad_id=c.pad_token_id,
-            head_bias=True,
-            init_std=c.init_std,
+        {
+            "arch": "encoder-decoder",
+            "vocab_size": c.vocab_size,
+            "n_layers": c.encoder_layers,
+            "n_decoder_layers": None if c.decoder_layers == c.encoder_layers else c.decoder_layers,
+            "d_model": c.d_model,
+            "attention.n_heads": c.encoder_attention_heads,
+            "ffn.d_ff": c.encoder_ffn_dim,
+            "max_len": c.max_position_embeddings,
+            "positions.scheme": "learned",
+            "norm": "layernorm",
+            "norm_position": "post",
+            "ffn.activation": activation,
+            "bias": True,
+            "dropout": c.dropout,
+            "attention.dropout": c.attention_dropout,
+            "scale_embeddings": bool(c.scale_embedding),
+            "tie_embeddings": True,
+            "pad_id": c.pad_token_id,
+            "head_bias": True,
+            "init_std": c.init_std,
             **fields,
-        )
+        }
     )
 
 
@@ -107,31 +108,43 @@ def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]
     ``config`` is one (``activations`` maps aiayn's names to the family's)."""
     c = config
     want = f"ModelConfig (for {family})"
-    check_fields(want, c, arch=("encoder-decoder",), positional=("learned",), norm=("layernorm",))
-    check_fields(want, c, norm_position=("post",), activation=tuple(activations), bias=(True,))
-    check_fields(
-        want, c, tie_embeddings=(True,), head_bias=(True,), kv_heads=(c.attention.n_heads,)
+    check_settings(
+        want,
+        c,
+        {"arch": ("encoder-decoder",), "positions.scheme": ("learned",), "norm": ("layernorm",)},
     )
-    check_fields(want, c, head_dim=(c.d_model // c.attention.n_heads,), attention_score=("dot",))
-    check_fields(want, c, attention_scale=(True,), residual=(True,), n_experts=(None,))
-    check_fields(want, c, src_vocab_size=(None, c.vocab_size))
-    return dict(
-        vocab_size=c.vocab_size,
-        d_model=c.d_model,
-        encoder_layers=c.n_layers,
-        decoder_layers=c.decoder_layers,
-        encoder_attention_heads=c.attention.n_heads,
-        decoder_attention_heads=c.attention.n_heads,
-        encoder_ffn_dim=c.ffn.d_ff,
-        decoder_ffn_dim=c.ffn.d_ff,
-        activation_function=activations[c.ffn.activation],
-        dropout=c.dropout,
-        attention_dropout=c.attention.dropout,
-        activation_dropout=0.0,
-        max_position_embeddings=c.max_len,
-        scale_embedding=c.scale_embeddings,
-        init_std=c.init_std,
+    check_settings(
+        want, c, {"norm_position": ("post",), "ffn.activation": tuple(activations), "bias": (True,)}
     )
+    check_settings(
+        want,
+        c,
+        {"tie_embeddings": (True,), "head_bias": (True,), "kv_heads": (c.attention.n_heads,)},
+    )
+    check_settings(
+        want, c, {"head_dim": (c.d_model // c.attention.n_heads,), "attention.score": ("dot",)}
+    )
+    check_settings(
+        want, c, {"attention.scale": (True,), "residual": (True,), "ffn.n_experts": (None,)}
+    )
+    check_settings(want, c, {"src_vocab_size": (None, c.vocab_size)})
+    return {
+        "vocab_size": c.vocab_size,
+        "d_model": c.d_model,
+        "encoder_layers": c.n_layers,
+        "decoder_layers": c.decoder_layers,
+        "encoder_attention_heads": c.attention.n_heads,
+        "decoder_attention_heads": c.attention.n_heads,
+        "encoder_ffn_dim": c.ffn.d_ff,
+        "decoder_ffn_dim": c.ffn.d_ff,
+        "activation_function": activations[c.ffn.activation],
+        "dropout": c.dropout,
+        "attention.dropout": c.attention.dropout,
+        "activation_dropout": 0.0,
+        "max_position_embeddings": c.max_len,
+        "scale_embedding": c.scale_embeddings,
+        "init_std": c.init_std,
+    }
 
 
 def config_from_marian(hf_config: Any) -> ModelConfig:
@@ -151,7 +164,7 @@ def config_from_marian(hf_config: Any) -> ModelConfig:
 def _marian_config(config: ModelConfig, attn_implementation: str | None, **ids: int) -> Any:
     """ModelConfig -> ``MarianConfig`` (inverse of ``config_from_marian``)."""
     fields = seq2seq_fields(config, "Marian", _ACTIVATIONS_BACK)
-    check_fields("ModelConfig (for Marian)", config, embedding_norm=(False,))
+    check_settings("ModelConfig (for Marian)", config, {"embedding_norm": (False,)})
     pad = config.pad_id if config.pad_id is not None else config.vocab_size - 1
     return import_transformers().MarianConfig(
         **fields,

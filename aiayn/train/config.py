@@ -50,7 +50,8 @@ def _model_settings(
     """([model]'s preset and init_from, its model settings by their dotted names), the
     ``model.*`` overrides applied over the table.  A setting may be written as a field
     (``d_model``), a sub-config's table (``[model.attention]``), dotted
-    (``attention.n_heads``) or by its flat name of older configs (``n_heads``)."""
+    (``attention.n_heads``), or by its flat name of older configs (``n_heads``, with a
+    ``DeprecatedSetting`` warning naming the new one)."""
     if not isinstance(table, dict):
         raise ConfigError(f"[model] must be a table of settings, got {table!r}")
     special: dict[str, Any] = {}

@@ -12,7 +12,14 @@ import aiayn
 def test_save_load_identical_outputs(tmp_path: Path, preset: str) -> None:
     torch.manual_seed(0)
     model = aiayn.build_model(
-        preset, n_layers=1, d_model=32, n_heads=4, d_ff=48, vocab_size=64, max_len=16, dropout=0.0
+        preset,
+        n_layers=1,
+        d_model=32,
+        attention={"n_heads": 4},
+        ffn={"d_ff": 48},
+        vocab_size=64,
+        max_len=16,
+        dropout=0.0,
     ).eval()
     with torch.no_grad():  # move off the initial values so that a missed tensor shows
         for p in model.parameters():
@@ -34,7 +41,13 @@ def test_save_load_identical_outputs(tmp_path: Path, preset: str) -> None:
 
 def test_overwrite_is_atomic_and_leaves_no_temp(tmp_path: Path) -> None:
     model = aiayn.build_model(
-        "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
+        "gpt2-small",
+        n_layers=1,
+        d_model=16,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 16},
+        vocab_size=32,
+        max_len=8,
     )
     aiayn.save(model, tmp_path / "m")
     aiayn.save(model, tmp_path / "m")
@@ -43,7 +56,13 @@ def test_overwrite_is_atomic_and_leaves_no_temp(tmp_path: Path) -> None:
 
 def test_failed_save_keeps_old_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = aiayn.build_model(
-        "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
+        "gpt2-small",
+        n_layers=1,
+        d_model=16,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 16},
+        vocab_size=32,
+        max_len=8,
     )
     aiayn.save(model, tmp_path / "m")
     before = (tmp_path / "m" / "model.safetensors").read_bytes()
@@ -62,7 +81,13 @@ def test_missing_and_corrupt_checkpoints(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a folder"):
         aiayn.load_model(tmp_path / "nope")
     model = aiayn.build_model(
-        "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
+        "gpt2-small",
+        n_layers=1,
+        d_model=16,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 16},
+        vocab_size=32,
+        max_len=8,
     )
     path = aiayn.save(model, tmp_path / "m")
     weights = path / "model.safetensors"
@@ -89,10 +114,22 @@ def test_missing_and_corrupt_checkpoints(tmp_path: Path) -> None:
 
 def test_weights_of_another_shape_are_refused(tmp_path: Path) -> None:
     small = aiayn.build_model(
-        "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
+        "gpt2-small",
+        n_layers=1,
+        d_model=16,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 16},
+        vocab_size=32,
+        max_len=8,
     )
     other = aiayn.build_model(
-        "gpt2-small", n_layers=2, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
+        "gpt2-small",
+        n_layers=2,
+        d_model=16,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 16},
+        vocab_size=32,
+        max_len=8,
     )
     aiayn.save(small, tmp_path / "a")
     aiayn.save(other, tmp_path / "b")

@@ -16,7 +16,13 @@ from aiayn.data.tokenizer import CharTokenizer
 def small() -> tuple[torch.nn.Module, CharTokenizer]:
     tok = CharTokenizer.from_text("abcdef")
     model = build_model(
-        "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=6, max_len=8
+        "gpt2-small",
+        n_layers=1,
+        d_model=16,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 16},
+        vocab_size=6,
+        max_len=8,
     )
     return model, tok
 

@@ -201,7 +201,9 @@ def test_a_reader_puts_back_a_folder_renamed_aside_only_once_its_writer_is_gone(
     ``.NAME.old-PID`` and then the new one into place: a reader that put the old one back in
     between would make the writer's rename fail.  Once that process is gone, a crash left it
     there, and the reader puts it back."""
-    model = aiayn.build_model("gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16)
+    model = aiayn.build_model(
+        "gpt2-small", n_layers=1, d_model=16, attention={"n_heads": 2}, ffn={"d_ff": 16}
+    )
     target = aiayn.save(model, tmp_path / "model")
     waits = [sys.executable, "-c", "import sys; sys.stdin.read()"]
     writer = subprocess.Popen(waits, stdin=subprocess.PIPE)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import aiayn
+from aiayn.errors import DeprecatedSetting
 from aiayn.train.config import load_run_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "written_before_config_package"
@@ -40,4 +42,5 @@ def test_an_older_run_config_with_flat_names_reads_to_the_same_model(tmp_path: P
         '[data]\ntext = "corpus.txt"\n'
     )
     saved = aiayn.load(FIXTURE / "checkpoint").model.config
-    assert load_run_config(toml).model == saved
+    with pytest.warns(DeprecatedSetting):
+        assert load_run_config(toml).model == saved

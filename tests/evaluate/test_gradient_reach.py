@@ -11,7 +11,14 @@ import aiayn
 from aiayn.evaluate.gradient_reach import gradient_by_distance
 from aiayn.models import EncoderDecoder
 
-SMALL = dict(d_model=32, n_heads=4, d_ff=64, vocab_size=40, max_len=64, dropout=0.0)
+SMALL = {
+    "d_model": 32,
+    "attention.n_heads": 4,
+    "ffn.d_ff": 64,
+    "vocab_size": 40,
+    "max_len": 64,
+    "dropout": 0.0,
+}
 
 
 def model(**kw: object) -> EncoderDecoder:
@@ -32,7 +39,7 @@ def test_a_sliding_window_bounds_the_reach_exactly() -> None:
     """With a causal window of w keys in each of L decoder layers, position t reads inputs at
     most L (w - 1) back: beyond that the gradient is exactly zero; within it, not."""
     for layers, window in ((1, 3), (2, 3), (2, 5)):
-        m = model(n_layers=layers, sliding_window=window)
+        m = model(n_layers=layers, attention={"sliding_window": window})
         means, counts = gradient_by_distance(m, [batch(3, 6, 14)], pad_id=0, max_distance=13)
         reach = layers * (window - 1)
         assert all(v > 0 for v in means[: reach + 1]), (layers, window, means)
@@ -41,7 +48,11 @@ def test_a_sliding_window_bounds_the_reach_exactly() -> None:
 
 
 def test_full_attention_and_recurrence_reach_every_position() -> None:
-    for kw in ({"n_layers": 2}, {"n_layers": 1, "rnn": "gru"}, {"n_layers": 1, "rnn": "lstm"}):
+    for kw in (
+        {"n_layers": 2},
+        {"n_layers": 1, "rnn.cell": "gru"},
+        {"n_layers": 1, "rnn.cell": "lstm"},
+    ):
         means, _ = gradient_by_distance(model(**kw), [batch(2, 5, 12)], pad_id=0, max_distance=11)
         assert all(v > 0 and math.isfinite(v) for v in means), (kw, means)
 
@@ -49,7 +60,7 @@ def test_full_attention_and_recurrence_reach_every_position() -> None:
 def test_padding_and_batching_change_nothing() -> None:
     """Two sentences of different lengths padded into one batch measure what each measures
     alone; the shorter one stops contributing beyond its own length."""
-    m = model(n_layers=2, rnn="gru")
+    m = model(n_layers=2, rnn={"cell": "gru"})
     src, tgt_in, tgt_out = batch(2, 6, 9)
     tgt_out[1, 5:] = 0  # the second sentence ends at position 4
     tgt_in[1, 6:] = 0

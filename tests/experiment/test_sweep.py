@@ -35,12 +35,12 @@ row = "base"
 [[variant]]
 name = "A-h1"
 row = "A"
-set = { "model.n_heads" = 1 }
+set = { "model.attention.n_heads" = 1 }
 
 [[variant]]
 name = "X-additive"
 row = "seed"
-set = { "model.attention_score" = "additive", "model.residual" = false }
+set = { "model.attention.score" = "additive", "model.residual" = false }
 """
 
 
@@ -94,7 +94,7 @@ def test_sweep_runs_resumes_and_reports(setup: tuple[Path, Path], tmp_path: Path
     assert main(["experiment", str(path), "--out", str(out), "--data", str(data), "--quiet"]) == 0
     assert (out / "runs" / "base" / "timing.json").read_text() == before
     # A variant changed after it ran is named, not mixed.
-    path.write_text(SWEEP.replace('"model.n_heads" = 1', '"model.n_heads" = 2'))
+    path.write_text(SWEEP.replace('"model.attention.n_heads" = 1', '"model.attention.n_heads" = 2'))
     with pytest.raises(ValueError, match="variant 'A-h1' was run with other settings"):
         run_variant(load_sweep(path), load_sweep(path).variant("A-h1"), out, data, progress=False)
     assert write_report(sweep, results, out)
@@ -110,7 +110,7 @@ def test_flops_equal_torch_flop_counter(setup: tuple[Path, Path]) -> None:
     data, path = setup
     sweep = load_sweep(path)
     config = sweep.run_config(sweep.variants[0]).model.replace(
-        vocab_size=300, pad_id=0, attention_backend="reference", dropout=0.0
+        vocab_size=300, pad_id=0, attention={"backend": "reference"}, dropout=0.0
     )
     model = build_model(config)
     src, tgt = torch.randint(1, 300, (3, 7)), torch.randint(1, 300, (3, 5))
@@ -140,8 +140,8 @@ def _tokenizer(data: Path, sweep: object) -> object:
             "steps = 0",
         ),
         ('name = "A-h1"', "name = 'A h1' is invalid"),
-        ('"model.n_heads" = 1', "'train.max_tokens' may not vary"),
-        ('"model.n_heads" = 1', "variant 'A-h1': .*ModelConfig.d_model=32 is invalid"),
+        ('"model.attention.n_heads" = 1', "'train.max_tokens' may not vary"),
+        ('"model.attention.n_heads" = 1', "variant 'A-h1': .*ModelConfig.d_model=32 is invalid"),
         ('name = "X-additive"', "the name 'base' is used twice"),
         ('base = "run.toml"', "base config .*missing.toml does not exist"),
     ],
@@ -152,7 +152,7 @@ def test_bad_sweep_files_are_named(setup: tuple[Path, Path], edit: str, message:
         "steps = 0": "steps = 0",
         "name = 'A h1' is invalid": 'name = "A h1"',
         "'train.max_tokens' may not vary": '"train.max_tokens" = 9',
-        "variant 'A-h1': .*ModelConfig.d_model=32 is invalid": '"model.n_heads" = 3',
+        "variant 'A-h1': .*ModelConfig.d_model=32 is invalid": '"model.attention.n_heads" = 3',
         "the name 'base' is used twice": 'name = "base"',
         "base config .*missing.toml does not exist": 'base = "missing.toml"',
     }[message]
@@ -171,14 +171,14 @@ set = { "model.dropout" = 0.0 }
 
 [[variant]]
 name = "small"
-set = { "model.n_layers" = 1, "model.d_model" = 16, "model.n_heads" = 2, "model.d_ff" = 32 }
+set = { "model.n_layers" = 1, "model.d_model" = 16, "model.attention.n_heads" = 2, "model.ffn.d_ff" = 32 }
 
 [[variant]]
 name = "mid"
 
 [[variant]]
 name = "large"
-set = { "model.n_layers" = 3, "model.d_model" = 48, "model.d_ff" = 96 }
+set = { "model.n_layers" = 3, "model.d_model" = 48, "model.ffn.d_ff" = 96 }
 """
 
 

@@ -22,7 +22,7 @@ from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, LabelTokenizer
 from aiayn.explore.registry import PRESET_CHARS, Registry
 from aiayn.models import build_model
 
-SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, max_len=64)
+SMALL = {"n_layers": 2, "d_model": 32, "attention.n_heads": 4, "ffn.d_ff": 64, "max_len": 64}
 
 
 def make_checkpoints(root: Path) -> Registry:
@@ -41,19 +41,19 @@ def make_checkpoints(root: Path) -> Registry:
     reg.add_preset("bert-base", **SMALL)
     vit = build_model(
         ModelConfig.from_dict(
-            dict(
-                arch="encoder",
-                image_size=8,
-                patch_size=2,
-                channels=1,
-                n_classes=10,
-                n_layers=2,
-                d_model=16,
-                n_heads=2,
-                d_ff=32,
-                norm_position="pre",
-                vocab_size=10,
-            )
+            {
+                "arch": "encoder",
+                "vision.image_size": 8,
+                "vision.patch_size": 2,
+                "vision.channels": 1,
+                "vision.n_classes": 10,
+                "n_layers": 2,
+                "d_model": 16,
+                "attention.n_heads": 2,
+                "ffn.d_ff": 32,
+                "norm_position": "pre",
+                "vocab_size": 10,
+            }
         )
     )
     data = {"images": "digits", "test_fraction": 0.2, "seed": 0}

@@ -218,7 +218,12 @@ def test_a_sliding_window_model_shows_its_window():
 
     reg = Registry()
     name = reg.add_preset(
-        "gpt2-small", n_layers=1, d_model=32, n_heads=4, d_ff=64, max_len=32, sliding_window=3
+        "gpt2-small",
+        n_layers=1,
+        d_model=32,
+        attention={"n_heads": 4, "sliding_window": 3},
+        ffn={"d_ff": 64},
+        max_len=32,
     )
     view = analysis.attention_view(reg.get(name), "abcdef")
     for i, row in enumerate(view["weights"]):
@@ -358,7 +363,9 @@ def test_the_calculator_counts_recurrent_layers(client):
                 {"preset": "gpt2-small", "context": context, "dtype": "float32", "mixer": mixer},
             )
             assert status == 200, r
-            config = get_preset("gpt2-small", **({} if mixer == "attention" else {"mixer": mixer}))
+            config = get_preset(
+                "gpt2-small", **({} if mixer == "attention" else {"mixer.kind": mixer})
+            )
             assert r["kv_cache_bytes"] == kv_cache_bytes(config, context, 1, "float32")
             sizes[mixer, context] = r["kv_cache_bytes"]
     assert sizes["attention", 65536] == 64 * sizes["attention", 1024]

@@ -43,7 +43,7 @@ def test_parameter_count_matches_every_preset(name: str) -> None:
 
 
 def _variants() -> list[ModelConfig]:
-    small = {"vocab_size": 61, "n_layers": 2, "d_model": 16, "n_heads": 4, "d_ff": 24}
+    small = {"vocab_size": 61, "n_layers": 2, "d_model": 16, "attention.n_heads": 4, "ffn.d_ff": 24}
     out = []
     for arch, positional, activation, bias, tie, norm, where in itertools.product(
         ("encoder-decoder", "decoder", "encoder"),
@@ -56,49 +56,64 @@ def _variants() -> list[ModelConfig]:
     ):
         out.append(
             ModelConfig.from_dict(
-                dict(
-                    arch=arch,
-                    positional=positional,
-                    activation=activation,
-                    bias=bias,
-                    tie_embeddings=tie,
-                    norm=norm,
-                    norm_position=where,
-                    max_len=32,
+                {
+                    "arch": arch,
+                    "positions.scheme": positional,
+                    "ffn.activation": activation,
+                    "bias": bias,
+                    "tie_embeddings": tie,
+                    "norm": norm,
+                    "norm_position": where,
+                    "max_len": 32,
                     **small,
-                )
+                }
             )
         )
     base = ModelConfig.from_dict(dict(max_len=32, **small))
     out += [
-        base.replace(n_kv_heads=2),
-        base.replace(n_kv_heads=1, d_head=6, positional="rope"),
-        base.replace(d_head=5),
+        base.replace(attention={"n_kv_heads": 2}),
+        base.replace(attention={"n_kv_heads": 1, "d_head": 6}, positions={"scheme": "rope"}),
+        base.replace(attention={"d_head": 5}),
         base.replace(n_decoder_layers=3),
         base.replace(src_vocab_size=47, tie_embeddings=False),
-        base.replace(src_vocab_size=47, tie_embeddings=False, positional="learned"),
-        base.replace(arch="decoder", n_kv_heads=2, activation="swiglu", d_head=8, bias=False),
-        base.replace(arch="encoder", n_kv_heads=1, d_head=3, activation="gelu_tanh"),
-        base.replace(n_experts=4, experts_top_k=2),  # mixture of experts (aiayn/nn/moe.py)
-        base.replace(arch="decoder", n_experts=3, experts_top_k=1, activation="swiglu"),
-        base.replace(attention_score="additive", n_kv_heads=2),  # one w per head and sublayer
-        base.replace(arch="decoder", attention_score="additive", residual=False),
-        base.replace(arch="decoder", mixer="linear", attention_every=2),
-        base.replace(arch="decoder", bias=False, qkv_bias=True),  # Qwen2's biases
-        base.replace(qkv_bias=False),
-        base.replace(arch="encoder", type_vocab_size=2, embedding_norm=True, pooler=True),
-        base.replace(arch="encoder", pooler=True, mlm_head=False, tie_embeddings=False),
-        base.replace(embedding_norm=True, positional="learned"),  # two stacks, two norms
-        base.replace(head_bias=True, activation="silu"),  # Marian's logits bias, SiLU FFN
-        base.replace(arch="decoder", head_bias=True, tie_embeddings=False),
-        base.replace(arch="decoder", mixer="ssm", bias=False, ssm_head_dim=8),  # aiayn/nn/ssm.py
+        base.replace(src_vocab_size=47, tie_embeddings=False, positions={"scheme": "learned"}),
         base.replace(
             arch="decoder",
-            mixer="ssm",
-            attention_every=2,
-            ssm_state=4,
-            ssm_expand=1,
-            ssm_head_dim=16,
+            attention={"n_kv_heads": 2, "d_head": 8},
+            ffn={"activation": "swiglu"},
+            bias=False,
+        ),
+        base.replace(
+            arch="encoder",
+            attention={"n_kv_heads": 1, "d_head": 3},
+            ffn={"activation": "gelu_tanh"},
+        ),
+        base.replace(ffn={"n_experts": 4, "top_k": 2}),  # mixture of experts (aiayn/nn/moe.py)
+        base.replace(arch="decoder", ffn={"n_experts": 3, "top_k": 1, "activation": "swiglu"}),
+        base.replace(
+            attention={"score": "additive", "n_kv_heads": 2}
+        ),  # one w per head and sublayer
+        base.replace(arch="decoder", attention={"score": "additive"}, residual=False),
+        base.replace(arch="decoder", mixer={"kind": "linear", "attention_every": 2}),
+        base.replace(arch="decoder", bias=False, attention={"qkv_bias": True}),  # Qwen2's biases
+        base.replace(attention={"qkv_bias": False}),
+        base.replace(arch="encoder", type_vocab_size=2, embedding_norm=True, pooler=True),
+        base.replace(arch="encoder", pooler=True, mlm_head=False, tie_embeddings=False),
+        base.replace(embedding_norm=True, positions={"scheme": "learned"}),  # two stacks, two norms
+        base.replace(head_bias=True, ffn={"activation": "silu"}),  # Marian's logits bias, SiLU FFN
+        base.replace(arch="decoder", head_bias=True, tie_embeddings=False),
+        base.replace(
+            arch="decoder", mixer={"kind": "ssm", "ssm_head_dim": 8}, bias=False
+        ),  # aiayn/nn/ssm.py
+        base.replace(
+            arch="decoder",
+            mixer={
+                "kind": "ssm",
+                "attention_every": 2,
+                "ssm_state": 4,
+                "ssm_expand": 1,
+                "ssm_head_dim": 16,
+            },
         ),
     ]
     return out
@@ -122,7 +137,7 @@ def test_kv_cache_scales_with_context_and_window() -> None:
     config = get_preset("llama-style-small")
     per_token = kv_cache_bytes_per_token(config, 2)
     assert kv_cache_bytes(config, 1000, batch=3, dtype_bytes=2) == per_token * 1000 * 3
-    windowed = config.replace(sliding_window=256)
+    windowed = config.replace(attention={"sliding_window": 256})
     assert kv_cache_bytes(windowed, 1000, dtype_bytes=2) == per_token * 256
     assert kv_cache_bytes(windowed, 100, dtype_bytes=2) == per_token * 100
     assert kv_cache_bytes_per_token(get_preset("bert-base")) == 0
@@ -133,25 +148,25 @@ def test_kv_cache_scales_with_context_and_window() -> None:
     [
         ({}, torch.float32),
         ({}, torch.bfloat16),
-        ({"sliding_window": 5}, torch.float32),
+        ({"attention.sliding_window": 5}, torch.float32),
         ({"arch": "encoder-decoder", "n_decoder_layers": 3, "tie_embeddings": True}, torch.float32),
     ],
 )
 def test_kv_cache_bytes_equal_a_real_cache(overrides: dict, dtype: torch.dtype) -> None:
     config = ModelConfig.from_dict(
-        dict(
-            arch="decoder",
-            vocab_size=50,
-            n_layers=2,
-            d_model=32,
-            n_heads=4,
-            n_kv_heads=2,
-            d_ff=48,
-            max_len=16,
-            positional="rope",
-            tie_embeddings=False,
-            pad_id=None,
-        )
+        {
+            "arch": "decoder",
+            "vocab_size": 50,
+            "n_layers": 2,
+            "d_model": 32,
+            "attention.n_heads": 4,
+            "attention.n_kv_heads": 2,
+            "ffn.d_ff": 48,
+            "max_len": 16,
+            "positions.scheme": "rope",
+            "tie_embeddings": False,
+            "pad_id": None,
+        }
     ).replace(**overrides)
     model = aiayn.build_model(config)
     batch, capacity = 3, 12
@@ -161,28 +176,28 @@ def test_kv_cache_bytes_equal_a_real_cache(overrides: dict, dtype: torch.dtype) 
 
 
 def test_gqa_shrinks_kv_cache_by_the_group_size() -> None:
-    mha = get_preset("gpt2-small", n_kv_heads=None)
+    mha = get_preset("gpt2-small", attention={"n_kv_heads": None})
     for kv in (1, 3, 4, 6):
-        gqa = mha.replace(n_kv_heads=kv)
+        gqa = mha.replace(attention={"n_kv_heads": kv})
         assert kv_cache_bytes_per_token(mha) == kv_cache_bytes_per_token(gqa) * (12 // kv)
 
 
 def test_training_flops_by_hand() -> None:
     # Decoder: 2 layers, d=16, 4 heads of 4, 2 KV heads, d_ff 24 (GELU), vocab 61, tied.
     config = ModelConfig.from_dict(
-        dict(
-            arch="decoder",
-            vocab_size=61,
-            n_layers=2,
-            d_model=16,
-            n_heads=4,
-            n_kv_heads=2,
-            d_ff=24,
-            max_len=64,
-            positional="learned",
-            activation="gelu",
-            pad_id=None,
-        )
+        {
+            "arch": "decoder",
+            "vocab_size": 61,
+            "n_layers": 2,
+            "d_model": 16,
+            "attention.n_heads": 4,
+            "attention.n_kv_heads": 2,
+            "ffn.d_ff": 24,
+            "max_len": 64,
+            "positions.scheme": "learned",
+            "ffn.activation": "gelu",
+            "pad_id": None,
+        }
     )
     attn = 16 * (16 + 2 * 8) + 16 * 16  # qkv + out
     ffn = 16 * 24 + 24 * 16
@@ -193,7 +208,7 @@ def test_training_flops_by_hand() -> None:
     assert training_flops_per_token(config, t) == expected
     assert forward_flops_per_token(config, t) * 3 == expected
     # A sliding window limits the keys each query sees.
-    windowed = config.replace(sliding_window=10)
+    windowed = config.replace(attention={"sliding_window": 10})
     assert training_flops_per_token(windowed, t) == 6 * n_matmul + 12 * 2 * 10 * 16
     # Encoder-decoder: encoder self + decoder self + cross attention, equal lengths.
     ed = config.replace(arch="encoder-decoder", n_decoder_layers=3, pad_id=0)
@@ -203,7 +218,7 @@ def test_training_flops_by_hand() -> None:
 
 def test_moe_counts_active_parameters_in_flops() -> None:
     dense = get_preset("gpt2-small", n_layers=2)
-    moe = dense.replace(n_experts=8, experts_top_k=2)
+    moe = dense.replace(ffn={"n_experts": 8, "top_k": 2})
     ffn = 2 * 768 * 3072  # W1 and W2 of one expert
     assert matmul_parameters(moe) - matmul_parameters(dense) == 2 * (ffn + 768 * 8)
     assert parameter_count(moe) - parameter_count(dense) == 2 * (7 * (ffn + 3072 + 768) + 768 * 8)
@@ -258,7 +273,13 @@ def test_decoding_bytes_per_token_are_the_weights_and_the_cache_a_step_reads() -
 
     for preset in ("gpt2-small", "paper-base"):
         model = aiayn.build_model(
-            preset, n_layers=2, d_model=64, n_heads=4, d_ff=256, vocab_size=500, max_len=64
+            preset,
+            n_layers=2,
+            d_model=64,
+            attention={"n_heads": 4},
+            ffn={"d_ff": 256},
+            vocab_size=500,
+            max_len=64,
         )
         skip = "encoder." if preset == "paper-base" else "\0"
         linears = [

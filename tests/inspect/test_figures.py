@@ -14,7 +14,7 @@ from aiayn.cli import main
 from aiayn.inspect import figures, worked_examples
 from aiayn.inspect.attention_maps import attention_maps
 
-SMALL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64}
+SMALL = {"n_layers": 2, "d_model": 32, "attention.n_heads": 4, "ffn.d_ff": 64}
 SMALL_SET = [f"{k}={v}" for k, v in SMALL.items()]
 
 

@@ -13,7 +13,14 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 def _small(preset: str, **extra):
     torch.manual_seed(0)
-    fields = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=20, max_len=32)
+    fields = {
+        "n_layers": 2,
+        "d_model": 32,
+        "attention.n_heads": 4,
+        "ffn.d_ff": 64,
+        "vocab_size": 20,
+        "max_len": 32,
+    }
     if preset == "paper-base":
         fields["src_vocab_size"] = 20
     return build_model(get_preset(preset, **fields, **extra)).eval()
@@ -21,7 +28,7 @@ def _small(preset: str, **extra):
 
 @pytest.mark.parametrize("preset", ["gpt2-small", "llama-style-small", "bert-base"])
 def test_recorded_scores_give_back_the_models_weights(preset):
-    extra = {"n_kv_heads": 2} if preset == "llama-style-small" else {}
+    extra = {"attention.n_kv_heads": 2} if preset == "llama-style-small" else {}
     model = _small(preset, **extra)
     ids = torch.randint(1, 20, (1, 9))
     with torch.no_grad():
@@ -73,7 +80,7 @@ def test_reweight_temperature_and_mask():
 
 
 def test_sliding_window_scores_reweight_to_the_layers_own_weights():
-    model = _small("gpt2-small", sliding_window=3)
+    model = _small("gpt2-small", attention={"sliding_window": 3})
     ids = torch.randint(1, 20, (1, 9))
     with torch.no_grad():
         _, expected = model.forward_with_weights(ids)

@@ -22,25 +22,25 @@ VOCAB, PAD, EOS = 57, 1, 2
 
 
 def bart(**overrides: object) -> torch.nn.Module:
-    kwargs: dict = dict(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=48,
-        decoder_ffn_dim=48,
-        max_position_embeddings=40,
-        pad_token_id=PAD,
-        bos_token_id=0,
-        eos_token_id=EOS,
-        decoder_start_token_id=EOS,
-        forced_eos_token_id=None,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-    )
+    kwargs: dict = {
+        "vocab_size": VOCAB,
+        "d_model": 32,
+        "encoder_layers": 2,
+        "decoder_layers": 3,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 48,
+        "decoder_ffn_dim": 48,
+        "max_position_embeddings": 40,
+        "pad_token_id": PAD,
+        "bos_token_id": 0,
+        "eos_token_id": EOS,
+        "decoder_start_token_id": EOS,
+        "forced_eos_token_id": None,
+        "dropout": 0.0,
+        "attention.dropout": 0.0,
+        "activation_dropout": 0.0,
+    }
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.BartForConditionalGeneration(transformers.BartConfig(**kwargs)).eval()

@@ -163,17 +163,17 @@ def test_unsupported_hf_config_raises(make, overrides: dict, field: str) -> None
 
 def test_unsupported_model_config_raises() -> None:
     llama_like = DecoderLM(config_from_llama(llama().config))
-    with pytest.raises(ValueError, match="positional"):
+    with pytest.raises(ValueError, match="positions.scheme"):
         to_hf_gpt2(llama_like)
     gpt2_like = DecoderLM(config_from_gpt2(gpt2().config))
-    with pytest.raises(ValueError, match="positional"):
+    with pytest.raises(ValueError, match="positions.scheme"):
         to_hf_llama(gpt2_like)
     with pytest.raises(ValueError, match="scale_embeddings"):
         to_hf_gpt2(DecoderLM(gpt2_like.config.replace(scale_embeddings=True)))
     for ablation in (
-        {"attention_scale": False},
+        {"attention.scale": False},
         {"residual": False},
-        {"attention_score": "additive"},
+        {"attention.score": "additive"},
     ):
         name = next(iter(ablation))
         with pytest.raises(ValueError, match=name):  # HF would compute something else
@@ -369,7 +369,7 @@ def test_llama_family_limits_are_named() -> None:
     with pytest.raises(ValueError, match="projection_bias=True cannot be converted"):
         to_hf_llama(qwen)
     mistral = from_hf(llama_family("Mistral", sliding_window=6))
-    with pytest.raises(ValueError, match="sliding_window=6 cannot be converted"):
+    with pytest.raises(ValueError, match="attention.sliding_window=6 cannot be converted"):
         to_hf_llama(mistral)
 
 
@@ -386,7 +386,7 @@ def test_mixtral_routing_logits_and_cache_match(
         "eager",
         num_local_experts=experts,
         num_experts_per_tok=top_k,
-        sliding_window=window,
+        attention={"sliding_window": window},
     )
     with torch.no_grad():  # a router with real preferences, so that routing is exercised
         for layer in hf.model.layers:

@@ -62,7 +62,7 @@ def logits(model: torch.nn.Module, ids: torch.Tensor, hf: bool) -> torch.Tensor:
     [
         ("GPT2", {}, None),
         ("Llama", {"tie_word_embeddings": True}, None),
-        ("Mistral", {"sliding_window": 6}, "40KB"),
+        ("Mistral", {"attention.sliding_window": 6}, "40KB"),
         ("Qwen2", {}, "40KB"),
         ("Mixtral", {"num_local_experts": 3, "num_experts_per_tok": 2}, "40KB"),
     ],

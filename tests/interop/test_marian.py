@@ -22,25 +22,25 @@ VOCAB, PAD = 61, 60
 
 
 def marian(**overrides: object) -> torch.nn.Module:
-    kwargs: dict = dict(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=48,
-        decoder_ffn_dim=48,
-        max_position_embeddings=40,
-        pad_token_id=PAD,
-        decoder_start_token_id=PAD,
-        eos_token_id=0,
-        activation_function="swish",
-        scale_embedding=True,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-    )
+    kwargs: dict = {
+        "vocab_size": VOCAB,
+        "d_model": 32,
+        "encoder_layers": 2,
+        "decoder_layers": 3,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 48,
+        "decoder_ffn_dim": 48,
+        "max_position_embeddings": 40,
+        "pad_token_id": PAD,
+        "decoder_start_token_id": PAD,
+        "eos_token_id": 0,
+        "activation_function": "swish",
+        "scale_embedding": True,
+        "dropout": 0.0,
+        "attention.dropout": 0.0,
+        "activation_dropout": 0.0,
+    }
     kwargs.update(overrides)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(transformers.MarianConfig(**kwargs)).eval()

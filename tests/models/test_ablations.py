@@ -18,16 +18,24 @@ from aiayn.nn.context import Context
 
 # fp32 summed in another order: a 64-term dot moves up to 64 x 2^-24 ~ 4e-6; CPU: <= 1.0e-6
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=50, dropout=0.0, max_len=64)
+SMALL = {
+    "n_layers": 2,
+    "d_model": 32,
+    "attention.n_heads": 4,
+    "ffn.d_ff": 64,
+    "vocab_size": 50,
+    "dropout": 0.0,
+    "max_len": 64,
+}
 ABLATIONS: list[dict[str, object]] = [
-    {"attention_score": "additive"},
-    {"attention_score": "additive", "n_kv_heads": 2, "positional": "rope"},
-    {"attention_scale": False},
+    {"attention.score": "additive"},
+    {"attention.score": "additive", "attention.n_kv_heads": 2, "positions.scheme": "rope"},
+    {"attention.scale": False},
     {"residual": False},
     {"residual": False, "norm_position": "pre"},
-    {"positional": "none"},
-    {"positional": "learned"},
-    {"d_head": 4},  # d_k fixed, not d_model / h
+    {"positions.scheme": "none"},
+    {"positions.scheme": "learned"},
+    {"attention.d_head": 4},  # d_k fixed, not d_model / h
 ]
 
 
@@ -84,7 +92,7 @@ def test_no_future_token_leaks_into_the_past(kw: dict[str, object]) -> None:
 def test_unscaled_attention_is_softmax_of_raw_dot_products() -> None:
     """attention_scale = False: softmax(Q K^T) V, by hand from the module's own projections."""
     cfg = ModelConfig.from_dict(
-        dict(arch="encoder", **SMALL, attention_scale=False, positional="none")
+        {"arch": "encoder", **SMALL, "attention.scale": False, "positions.scheme": "none"}
     )
     block = Block(cfg).eval()
     attn = block.self_attn
@@ -95,7 +103,7 @@ def test_unscaled_attention_is_softmax_of_raw_dot_products() -> None:
     expected = attn.out((weights @ heads(v)).transpose(1, 2).reshape(2, 5, 32))
     ctx = Context()
     torch.testing.assert_close(attn(x, ctx), expected, **TOL)
-    scaled = Block(cfg.replace(attention_scale=True)).eval()
+    scaled = Block(cfg.replace(attention={"scale": True})).eval()
     scaled.load_state_dict(block.state_dict())
     # 100 x TOL's atol: a difference well beyond fp32 rounding (seen 0.79 on CPU)
     assert not torch.allclose(scaled.self_attn(x, ctx), expected, atol=1e-3)
@@ -120,7 +128,7 @@ def test_without_residual_each_sublayer_replaces_the_stream(norm_position: str) 
 
 
 def test_additive_model_scores_are_recorded_and_sum_to_one() -> None:
-    dec = build("gpt2-small", attention_score="additive")
+    dec = build("gpt2-small", attention={"score": "additive"})
     assert isinstance(dec, DecoderLM)
     _, weights = dec.forward_with_weights(torch.randint(1, 50, (1, 6)))
     assert len(weights) == 2 and weights[0].shape == (1, 4, 6, 6)
@@ -129,7 +137,7 @@ def test_additive_model_scores_are_recorded_and_sum_to_one() -> None:
 
 
 def test_additive_parameters_train_and_bad_values_are_named() -> None:
-    dec = build("gpt2-small", attention_score="additive")
+    dec = build("gpt2-small", attention={"score": "additive"})
     w = dec.decoder.blocks[0].self_attn.score_w  # type: ignore[index,union-attr]
     assert w is not None and w.shape == (4, 8)
     ids = torch.randint(1, 50, (2, 6))
@@ -138,6 +146,6 @@ def test_additive_parameters_train_and_bad_values_are_named() -> None:
     # std of 32 normal draws: relative s.d. 1 / sqrt(2 x 31) ~ 0.13, so 0.5 is ~4 s.d.
     assert math.isclose(float(w.detach().std()), 8**-0.5, rel_tol=0.5)
     with pytest.raises(ValueError, match="AttentionConfig.score='mlp'.*'dot', 'additive'"):
-        ModelConfig.from_dict(dict(attention_score="mlp"))
+        ModelConfig.from_dict({"attention.score": "mlp"})
     with pytest.raises(ValueError, match="residual=1.*true or false"):
         ModelConfig.from_dict(dict(residual=1))

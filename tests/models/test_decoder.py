@@ -13,10 +13,10 @@ from tests.conftest import tiny_model
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 VARIANTS = {
     "gpt2": ("gpt2-small", {}),
-    "llama": ("llama-style-small", {"n_kv_heads": 2}),
-    "sinusoid-postln": ("gpt2-small", {"positional": "sinusoidal", "norm_position": "post"}),
-    "alibi": ("gpt2-small", {"positional": "alibi"}),
-    "alibi-gqa": ("llama-style-small", {"positional": "alibi", "n_kv_heads": 2}),
+    "llama": ("llama-style-small", {"attention.n_kv_heads": 2}),
+    "sinusoid-postln": ("gpt2-small", {"positions.scheme": "sinusoidal", "norm_position": "post"}),
+    "alibi": ("gpt2-small", {"positions.scheme": "alibi"}),
+    "alibi-gqa": ("llama-style-small", {"positions.scheme": "alibi", "attention.n_kv_heads": 2}),
 }
 
 
@@ -104,12 +104,11 @@ def test_dropout_only_in_training() -> None:
         "gpt2-small",
         n_layers=2,
         d_model=32,
-        n_heads=4,
-        d_ff=64,
+        attention={"n_heads": 4, "dropout": 0.1},
+        ffn={"d_ff": 64},
         vocab_size=60,
         max_len=32,
         dropout=0.1,
-        attention_dropout=0.1,
     )
     ids = torch.randint(0, 60, (2, 8))
     model.eval()
@@ -119,5 +118,7 @@ def test_dropout_only_in_training() -> None:
     # Attention-weight dropout alone also changes the training output.
     only_attn = aiayn.build_model(model.config.replace(dropout=0.0)).train()
     assert not torch.allclose(only_attn(ids), only_attn(ids))
-    no_dropout = aiayn.build_model(model.config.replace(dropout=0.0, attention_dropout=0.0)).train()
+    no_dropout = aiayn.build_model(
+        model.config.replace(dropout=0.0, attention={"dropout": 0.0})
+    ).train()
     torch.testing.assert_close(no_dropout(ids), no_dropout(ids))

@@ -20,7 +20,7 @@ def small(**kw: object) -> EncoderLM:
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_permutation_equivariant_without_positions(norm_position: str) -> None:
-    model = small(positional="none", norm_position=norm_position)
+    model = small(positions={"scheme": "none"}, norm_position=norm_position)
     ids = torch.randint(1, 40, (2, 9))
     perm = torch.randperm(9)
     out = model.encode(ids)
@@ -29,7 +29,9 @@ def test_permutation_equivariant_without_positions(norm_position: str) -> None:
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope"])
 def test_positions_break_the_symmetry(positional: str) -> None:
-    model = small(positional=positional, init_std=0.3)  # large enough for non-uniform attention
+    model = small(
+        positions={"scheme": positional}, init_std=0.3
+    )  # large enough for non-uniform attention
     ids = torch.randint(1, 40, (1, 9))
     perm = torch.tensor([8, 7, 6, 5, 4, 3, 2, 1, 0])
     # 100 x TOL's atol: a difference well beyond fp32 rounding (seen >= 0.8 on CPU)

@@ -70,7 +70,7 @@ def test_equals_torch_nn_transformer() -> None:
         )
     )
     torch.testing.assert_close(ours(src, tgt), expected, **TOL)
-    ref_backend = aiayn.build_model(ours.config.replace(attention_backend="reference")).eval()
+    ref_backend = aiayn.build_model(ours.config.replace(attention={"backend": "reference"})).eval()
     ref_backend.load_state_dict(ours.state_dict())
     torch.testing.assert_close(ref_backend(src, tgt), expected, **TOL)
 
@@ -111,7 +111,11 @@ def test_decoder_is_causal() -> None:
 
 
 def test_cached_decoding_equals_full_pass() -> None:
-    for kw in ({}, {"positional": "learned"}, {"positional": "rope", "n_kv_heads": 2}):
+    for kw in (
+        {},
+        {"positions.scheme": "learned"},
+        {"positions.scheme": "rope", "attention.n_kv_heads": 2},
+    ):
         model = small(**kw)
         src = torch.randint(1, 50, (2, 7))
         src[1, 4:] = 0

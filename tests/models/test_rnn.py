@@ -29,7 +29,7 @@ KINDS = [("gru", True), ("gru", False), ("lstm", True), ("lstm", False)]
 def small(rnn: str, attention: bool, **kw: object) -> RNNEncoderDecoder:
     torch.manual_seed(0)
     model = aiayn.build_model(
-        "paper-base", **{**SMALL, "rnn": rnn, "rnn_attention": attention, **kw}
+        "paper-base", **{**SMALL, "rnn.cell": rnn, "rnn.attention": attention, **kw}
     )
     assert isinstance(model, RNNEncoderDecoder)
     return model.eval()
@@ -134,11 +134,11 @@ def test_bad_configs_are_named() -> None:
     with pytest.raises(
         ValueError, match="rnn.cell='gru' is invalid: expected None for arch='decoder'"
     ):
-        aiayn.build_model("gpt2-small", rnn="gru")
+        aiayn.build_model("gpt2-small", rnn={"cell": "gru"})
     with pytest.raises(ValueError, match="RNNConfig.cell='rnn' is invalid"):
-        aiayn.build_model("paper-base", rnn="rnn")
+        aiayn.build_model("paper-base", rnn={"cell": "rnn"})
     with pytest.raises(ValueError, match="d_model=33 is invalid: expected an even width"):
-        aiayn.build_model("paper-base", rnn="lstm", d_model=33, n_heads=1)
+        aiayn.build_model("paper-base", rnn={"cell": "lstm"}, d_model=33, attention={"n_heads": 1})
     from aiayn.inspect.calc import parameter_count
 
     with pytest.raises(ValueError, match="covers the Transformer"):
@@ -149,7 +149,7 @@ def test_trains_resumes_saves_and_translates_like_the_transformer(tmp_path: Path
     write_corpus(tmp_path / "data")
     cfg = tmp_path / "run.toml"
     cfg.write_text(
-        TRANSLATION_TOML.replace('preset = "paper-base"', 'preset = "paper-base"\nrnn = "gru"')
+        TRANSLATION_TOML.replace('preset = "paper-base"', 'preset = "paper-base"\nrnn.cell = "gru"')
     )
     run = load_run_config(cfg, {"model.dropout": 0.0})
     full = train_translation(run, tmp_path / "full", tmp_path / "data", progress=False)

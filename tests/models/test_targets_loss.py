@@ -13,7 +13,14 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 def test_encoder_decoder_loss_ignores_padding_and_smooths() -> None:
     torch.manual_seed(0)
-    model = build_model("paper-base", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=50)
+    model = build_model(
+        "paper-base",
+        n_layers=1,
+        d_model=32,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 64},
+        vocab_size=50,
+    )
     model.eval()
     src, tgt = torch.randint(1, 50, (3, 7)), torch.randint(1, 50, (3, 6))
     out = torch.randint(1, 50, (3, 6))
@@ -28,13 +35,27 @@ def test_encoder_decoder_loss_ignores_padding_and_smooths() -> None:
 
 def test_decoder_and_encoder_losses() -> None:
     torch.manual_seed(0)
-    lm = build_model("gpt2-small", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=40)
+    lm = build_model(
+        "gpt2-small",
+        n_layers=1,
+        d_model=32,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 64},
+        vocab_size=40,
+    )
     lm.eval()
     x, y = torch.randint(0, 40, (2, 9)), torch.randint(0, 40, (2, 9))
     torch.testing.assert_close(
         lm(x, targets=y), F.cross_entropy(lm(x).flatten(0, 1), y.flatten()), **TOL
     )
-    bert = build_model("bert-base", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=40)
+    bert = build_model(
+        "bert-base",
+        n_layers=1,
+        d_model=32,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 64},
+        vocab_size=40,
+    )
     bert.eval()
     ids = torch.randint(1, 40, (2, 9))
     labels = torch.full((2, 9), -100)

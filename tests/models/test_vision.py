@@ -19,20 +19,20 @@ from aiayn.train.config import load_run_config
 from aiayn.train.vision import train_vision
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vit_digits.toml"
-SMALL = dict(
-    arch="encoder",
-    image_size=8,
-    patch_size=2,
-    channels=1,
-    n_classes=10,
-    n_layers=2,
-    d_model=16,
-    n_heads=2,
-    d_ff=32,
-    dropout=0.0,
-    norm_position="pre",
-    vocab_size=10,
-)
+SMALL = {
+    "arch": "encoder",
+    "vision.image_size": 8,
+    "vision.patch_size": 2,
+    "vision.channels": 1,
+    "vision.n_classes": 10,
+    "n_layers": 2,
+    "d_model": 16,
+    "attention.n_heads": 2,
+    "ffn.d_ff": 32,
+    "dropout": 0.0,
+    "norm_position": "pre",
+    "vocab_size": 10,
+}
 
 
 def vit(**kw: object) -> VisionTransformer:
@@ -52,10 +52,10 @@ def test_patches_are_the_image_cut_in_row_major_order() -> None:
 def test_without_positions_mean_pooling_ignores_where_patches_are() -> None:
     x = torch.rand(3, 1, 8, 8)
     rolled = torch.roll(x.reshape(3, 1, 4, 2, 4, 2), shifts=1, dims=2).reshape(3, 1, 8, 8)
-    blind = vit(positional="none", pool="mean")
+    blind = vit(positions={"scheme": "none"}, vision={"pool": "mean"})
     # the same patches, averaged in another order: fp32 rounding (2^-23) of values of order 1
     torch.testing.assert_close(blind(rolled), blind(x), atol=1e-5, rtol=1e-5)
-    seeing = vit(positional="learned", pool="mean")
+    seeing = vit(positions={"scheme": "learned"}, vision={"pool": "mean"})
     assert not torch.allclose(seeing(rolled), seeing(x), atol=1e-4)  # 10x that rounding
 
 
@@ -65,9 +65,9 @@ def test_bad_images_and_configs_are_named() -> None:
     with pytest.raises(
         ValueError, match="image_size=8 is invalid: expected a multiple of patch_size=3"
     ):
-        ModelConfig.from_dict({**SMALL, "patch_size": 3})
+        ModelConfig.from_dict({**SMALL, "vision.patch_size": 3})
     with pytest.raises(ValueError, match="n_classes=None is invalid"):
-        ModelConfig.from_dict({**SMALL, "n_classes": None})
+        ModelConfig.from_dict({**SMALL, "vision.n_classes": None})
     with pytest.raises(
         ValueError, match="image_size=8 is invalid: expected None for arch='decoder'"
     ):

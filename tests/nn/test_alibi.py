@@ -63,8 +63,15 @@ def test_attention_with_the_bias_by_hand() -> None:
 
 def test_model_has_no_position_parameters_and_runs_past_its_training_length() -> None:
     torch.manual_seed(0)
-    kw = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=40, dropout=0.0)
-    alibi = aiayn.build_model("gpt2-small", positional="alibi", max_len=256, **kw).eval()
+    kw = {
+        "n_layers": 2,
+        "d_model": 32,
+        "attention.n_heads": 4,
+        "ffn.d_ff": 64,
+        "vocab_size": 40,
+        "dropout": 0.0,
+    }
+    alibi = aiayn.build_model("gpt2-small", positions={"scheme": "alibi"}, max_len=256, **kw).eval()
     learned = aiayn.build_model("gpt2-small", max_len=256, **kw)
     assert learned.num_parameters() - alibi.num_parameters() == 256 * 32
     ids = torch.randint(0, 40, (1, 200))
@@ -80,8 +87,16 @@ def test_model_has_no_position_parameters_and_runs_past_its_training_length() ->
 
 def test_alibi_in_an_encoder_decoder_and_encoder() -> None:
     torch.manual_seed(0)
-    kw = dict(n_layers=1, d_model=32, n_heads=4, d_ff=64, vocab_size=40, dropout=0.0, max_len=64)
-    mt = aiayn.build_model("paper-base", positional="alibi", **kw).eval()
+    kw = {
+        "n_layers": 1,
+        "d_model": 32,
+        "attention.n_heads": 4,
+        "ffn.d_ff": 64,
+        "vocab_size": 40,
+        "dropout": 0.0,
+        "max_len": 64,
+    }
+    mt = aiayn.build_model("paper-base", positions={"scheme": "alibi"}, **kw).eval()
     src, tgt = torch.randint(1, 40, (2, 9)), torch.randint(1, 40, (2, 6))
     full = mt(src, tgt)
     memory, keep = mt.encode(src)
@@ -92,7 +107,7 @@ def test_alibi_in_an_encoder_decoder_and_encoder() -> None:
     ]
     # fp32, cached steps sum in another order: 32 x 2^-23 ~ 4e-6 per 32-wide sum, over 2 blocks.
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-    bert = aiayn.build_model("bert-base", positional="alibi", **kw).eval()
+    bert = aiayn.build_model("bert-base", positions={"scheme": "alibi"}, **kw).eval()
     ids = torch.randint(1, 40, (1, 8))
     perm = torch.randperm(8)
     # Without positions an encoder is permutation-equivariant; with ALiBi it is not.
@@ -103,10 +118,22 @@ def test_alibi_in_an_encoder_decoder_and_encoder() -> None:
 @pytest.mark.parametrize("backend", ["sdpa", "flash"])
 def test_every_backend_applies_the_bias(backend: str) -> None:
     torch.manual_seed(0)
-    kw = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=40, dropout=0.0, max_len=64)
-    ref = aiayn.build_model("gpt2-small", positional="alibi", attention_backend="reference", **kw)
+    kw = {
+        "n_layers": 2,
+        "d_model": 32,
+        "attention.n_heads": 4,
+        "ffn.d_ff": 64,
+        "vocab_size": 40,
+        "dropout": 0.0,
+        "max_len": 64,
+    }
+    ref = aiayn.build_model(
+        "gpt2-small", positions={"scheme": "alibi"}, attention={"backend": "reference"}, **kw
+    )
     torch.manual_seed(0)
-    other = aiayn.build_model("gpt2-small", positional="alibi", attention_backend=backend, **kw)
+    other = aiayn.build_model(
+        "gpt2-small", positions={"scheme": "alibi"}, attention={"backend": backend}, **kw
+    )
     ids = torch.randint(0, 40, (2, 30))
     # fp32, another kernel's summation order: 32 x 2^-23 ~ 4e-6 per 32-wide sum, over 2 layers.
     torch.testing.assert_close(other.eval()(ids), ref.eval()(ids), atol=1e-5, rtol=1e-5)

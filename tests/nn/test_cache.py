@@ -39,12 +39,12 @@ def window_model(**kw: object) -> DecoderLM:
         **{
             "n_layers": 2,
             "d_model": 32,
-            "n_heads": 4,
-            "n_kv_heads": 2,
-            "d_ff": 48,
+            "attention.n_heads": 4,
+            "attention.n_kv_heads": 2,
+            "ffn.d_ff": 48,
             "vocab_size": 50,
             "max_len": 128,
-            "sliding_window": 5,
+            "attention.sliding_window": 5,
             "init_std": 0.2,
             **kw,
         },
@@ -55,13 +55,13 @@ def window_model(**kw: object) -> DecoderLM:
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "flash"])
 def test_sliding_window_model_agrees_across_backends(backend: str) -> None:
-    ref = window_model(attention_backend="reference")
-    other = window_model(attention_backend=backend)
+    ref = window_model(**{"attention.backend": "reference"})
+    other = window_model(**{"attention.backend": backend})
     ids = torch.randint(0, 50, (2, 23))
     # fp32, another kernel's summation order: 32 x 2^-23 ~ 4e-6 per 32-wide sum, over 2 layers.
     torch.testing.assert_close(other(ids), ref(ids), atol=1e-5, rtol=1e-5)
     # ... and the window matters: a full causal model gives other logits.
-    full = window_model(sliding_window=None)
+    full = window_model(**{"attention.sliding_window": None})
     # 100x the fp32 noise above; the window moves these logits by ~5 (measured).
     assert not torch.allclose(full(ids)[:, 10:], ref(ids)[:, 10:], atol=1e-3)
 
@@ -69,7 +69,7 @@ def test_sliding_window_model_agrees_across_backends(backend: str) -> None:
 @pytest.mark.parametrize("positional", ["rope", "alibi"])
 @pytest.mark.parametrize("chunks", [[7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [3, 4, 2, 6, 1, 3, 1]])
 def test_rolling_cache_equals_uncached_sliding_window(chunks: list[int], positional: str) -> None:
-    model = window_model(positional=positional)
+    model = window_model(positions={"scheme": positional})
     ids = torch.randint(0, 50, (2, sum(chunks)))
     full = model(ids)
     cache = model.new_cache(2)
@@ -85,7 +85,7 @@ def test_rolling_cache_equals_uncached_sliding_window(chunks: list[int], positio
 
 @pytest.mark.parametrize("positional", ["rope", "alibi"])
 def test_rolling_cache_with_left_padding_equals_one_at_a_time(positional: str) -> None:
-    model = window_model(positional=positional)
+    model = window_model(positions={"scheme": positional})
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [1, 2], [20, 21, 22]]
     greedy = SamplingConfig(temperature=0)
     batched = generate(model, prompts, max_new_tokens=15, sampling=greedy)
@@ -105,7 +105,7 @@ def test_generation_memory_is_flat_with_a_window() -> None:
 
 def test_cache_memory_shrinks_with_grouped_query_heads() -> None:
     def kv_bytes(n_kv: int) -> int:
-        m = window_model(sliding_window=None, n_kv_heads=n_kv)
+        m = window_model(**{"attention.sliding_window": None, "attention.n_kv_heads": n_kv})
         c = m.new_cache(1, 64)
         m(torch.randint(0, 50, (1, 10)), cache=c)
         return c.nbytes()

@@ -39,7 +39,14 @@ def test_a_training_block_is_one_graph(family: str, monkeypatch: pytest.MonkeyPa
     # inside the traced forward would break the graph.
     table = registry.REGISTRY["attention_backend"]
     monkeypatch.setitem(table, "sdpa", "aiayn.nn.attention:sdpa_backend")
-    size = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=50, max_len=32)
+    size = {
+        "n_layers": 2,
+        "d_model": 32,
+        "attention.n_heads": 4,
+        "ffn.d_ff": 64,
+        "vocab_size": 50,
+        "max_len": 32,
+    }
     ids = torch.randint(1, 50, (2, 16), generator=torch.Generator().manual_seed(0))
     if family == "decoder":
         model = aiayn.build_model("gpt2-small", **size, dropout=0.1)

@@ -175,15 +175,15 @@ def test_model_with_flash_equals_reference() -> None:
     kwargs = {
         "n_layers": 2,
         "d_model": 32,
-        "n_heads": 4,
-        "d_ff": 64,
+        "attention.n_heads": 4,
+        "ffn.d_ff": 64,
         "vocab_size": 50,
         "max_len": 64,
         "dropout": 0.0,
     }
     torch.manual_seed(0)
-    fast = aiayn.build_model("gpt2-small", **kwargs, attention_backend="flash")
-    ref = aiayn.build_model("gpt2-small", **kwargs, attention_backend="reference")
+    fast = aiayn.build_model("gpt2-small", **kwargs, attention={"backend": "flash"})
+    ref = aiayn.build_model("gpt2-small", **kwargs, attention={"backend": "reference"})
     ref.load_state_dict(fast.state_dict())
     ids = torch.randint(1, 50, (2, 40))
     mask = torch.ones(2, 40, dtype=torch.bool)

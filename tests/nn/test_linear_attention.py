@@ -17,12 +17,20 @@ from aiayn.nn.linear_attention import (
     linear_attention_reference,
 )
 
-SMALL = dict(n_layers=4, d_model=32, n_heads=4, d_ff=64, vocab_size=50, max_len=256, dropout=0.0)
+SMALL = {
+    "n_layers": 4,
+    "d_model": 32,
+    "attention.n_heads": 4,
+    "ffn.d_ff": 64,
+    "vocab_size": 50,
+    "max_len": 256,
+    "dropout": 0.0,
+}
 
 
 def lm(**kw: object) -> DecoderLM:
     torch.manual_seed(0)
-    m = aiayn.build_model("gpt2-small", **{**SMALL, "mixer": "linear", **kw})
+    m = aiayn.build_model("gpt2-small", **{**SMALL, "mixer.kind": "linear", **kw})
     assert isinstance(m, DecoderLM)
     return m.eval()
 
@@ -79,7 +87,7 @@ def test_padding_adds_nothing_and_grouped_heads_share() -> None:
 
 @pytest.mark.parametrize("every", [None, 2])
 def test_model_cached_decoding_causality_and_left_padding(every: int | None) -> None:
-    m = lm(attention_every=every)
+    m = lm(mixer={"attention_every": every})
     kinds = [type(b.self_attn) is LinearSelfAttention for b in m.decoder.blocks]
     assert kinds == ([True] * 4 if every is None else [True, False, True, False])
     ids = torch.randint(1, 50, (2, 30))
@@ -102,7 +110,7 @@ def test_decoding_memory_is_flat_and_the_calculator_agrees() -> None:
     """A pure linear-attention model keeps no keys: its cache after 200 tokens is the size it
     was after 10; a hybrid's grows only with its softmax layers.  aiayn calc predicts both."""
     for every in (None, 2):
-        m = lm(attention_every=every)
+        m = lm(mixer={"attention_every": every})
         sizes = []
         for n in (10, 200):
             cache = m.new_cache(1, n)
@@ -118,10 +126,10 @@ def test_bad_configs_are_named() -> None:
         ValueError,
         match="mixer.kind='linear' is invalid: expected 'attention' for arch='encoder-decoder'",
     ):
-        aiayn.build_model("paper-base", mixer="linear")
+        aiayn.build_model("paper-base", mixer={"kind": "linear"})
     with pytest.raises(ValueError, match="positions.scheme='alibi' is invalid"):
-        aiayn.build_model("gpt2-small", mixer="linear", positional="alibi")
+        aiayn.build_model("gpt2-small", mixer={"kind": "linear"}, positions={"scheme": "alibi"})
     with pytest.raises(ValueError, match="attention.sliding_window=8 is invalid"):
-        aiayn.build_model("gpt2-small", mixer="linear", sliding_window=8)
+        aiayn.build_model("gpt2-small", mixer={"kind": "linear"}, attention={"sliding_window": 8})
     with pytest.raises(ValueError, match="attention_every=2 is invalid"):
-        aiayn.build_model("gpt2-small", attention_every=2)
+        aiayn.build_model("gpt2-small", mixer={"attention_every": 2})

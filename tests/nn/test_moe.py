@@ -78,7 +78,7 @@ def test_capacity_overflow_is_counted_and_not_computed() -> None:
     [
         ("paper-base", {}),
         ("gpt2-small", {}),
-        ("llama-style-small", {"n_kv_heads": 2}),
+        ("llama-style-small", {"attention.n_kv_heads": 2}),
         ("bert-base", {}),
     ],
 )
@@ -88,12 +88,10 @@ def test_every_family_takes_experts_and_reports_router_stats(preset: str, kw: di
         preset,
         n_layers=2,
         d_model=16,
-        n_heads=4,
-        d_ff=32,
+        attention={"n_heads": 4},
+        ffn={"d_ff": 32, "n_experts": 4, "top_k": 2},
         vocab_size=30,
         max_len=16,
-        n_experts=4,
-        experts_top_k=2,
         **kw,
     )
     ids = torch.randint(1, 30, (2, 6))
@@ -106,12 +104,12 @@ def test_every_family_takes_experts_and_reports_router_stats(preset: str, kw: di
     loss.backward()
     router = next(p for n, p in model.named_parameters() if n.endswith("router.weight"))
     assert router.grad is not None and router.grad.abs().sum() > 0
-    dense = aiayn.build_model(model.config.replace(n_experts=None))
+    dense = aiayn.build_model(model.config.replace(ffn={"n_experts": None}))
     assert model.num_parameters() > dense.num_parameters()
 
 
 def test_bad_moe_configs() -> None:
     with pytest.raises(ValueError, match="FeedForwardConfig.top_k=3"):
-        aiayn.get_preset("gpt2-small", n_experts=2, experts_top_k=3)
+        aiayn.get_preset("gpt2-small", ffn={"n_experts": 2, "top_k": 3})
     with pytest.raises(ValueError, match="FeedForwardConfig.capacity_factor=0.0"):
-        aiayn.get_preset("gpt2-small", n_experts=2, expert_capacity_factor=0.0)
+        aiayn.get_preset("gpt2-small", ffn={"n_experts": 2, "capacity_factor": 0.0})

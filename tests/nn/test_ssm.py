@@ -13,12 +13,22 @@ from aiayn.inspect.calc import kv_cache_bytes
 from aiayn.models import DecoderLM
 from aiayn.nn.ssm import SelectiveSSM, chunked_scan, scan_reference, scan_step
 
-SMALL = dict(n_layers=4, d_model=32, n_heads=4, d_ff=64, vocab_size=50, max_len=256, dropout=0.0)
+SMALL = {
+    "n_layers": 4,
+    "d_model": 32,
+    "attention.n_heads": 4,
+    "ffn.d_ff": 64,
+    "vocab_size": 50,
+    "max_len": 256,
+    "dropout": 0.0,
+}
 
 
 def lm(**kw: object) -> DecoderLM:
     torch.manual_seed(0)
-    m = aiayn.build_model("gpt2-small", **{**SMALL, "mixer": "ssm", "ssm_head_dim": 16, **kw})
+    m = aiayn.build_model(
+        "gpt2-small", **{**SMALL, "mixer.kind": "ssm", "mixer.ssm_head_dim": 16, **kw}
+    )
     assert isinstance(m, DecoderLM)
     return m.eval()
 
@@ -78,7 +88,7 @@ def test_steep_decays_neither_overflow_nor_lose_the_recent_input() -> None:
 
 @pytest.mark.parametrize("every", [None, 2])
 def test_step_by_step_equals_full_sequence_and_nothing_leaks(every: int | None) -> None:
-    m = lm(attention_every=every)
+    m = lm(mixer={"attention_every": every})
     kinds = [type(b.self_attn) is SelectiveSSM for b in m.decoder.blocks]
     assert kinds == ([True] * 4 if every is None else [True, False, True, False])
     ids = torch.randint(1, 50, (2, 30))
@@ -99,7 +109,7 @@ def test_step_by_step_equals_full_sequence_and_nothing_leaks(every: int | None) 
 
 def test_decoding_memory_is_flat_and_the_calculator_agrees() -> None:
     for every in (None, 2):
-        m = lm(attention_every=every)
+        m = lm(mixer={"attention_every": every})
         sizes = []
         for n in (10, 200):
             cache = m.new_cache(1, n)
@@ -137,4 +147,4 @@ def test_mambas_initialisation_survives_and_the_layer_learns() -> None:
 
 def test_heads_must_divide_the_inner_width() -> None:
     with pytest.raises(ValueError, match="ssm_head_dim"):
-        lm(ssm_head_dim=48)  # inner width 2 x 32 = 64
+        lm(mixer={"ssm_head_dim": 48})  # inner width 2 x 32 = 64

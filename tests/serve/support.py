@@ -23,9 +23,10 @@ from aiayn.models import DecoderLM
 # name -> (preset, overrides)
 KINDS: dict[str, tuple[str, dict[str, object]]] = {
     "learned": ("gpt2-small", {}),
-    "rope": ("gpt2-small", {"positional": "rope"}),
-    "alibi": ("gpt2-small", {"positional": "alibi"}),
-    "gqa-llama": ("llama-style-small", {"n_kv_heads": 2}),  # RoPE, RMSNorm, SwiGLU, 2 KV heads
+    "rope": ("gpt2-small", {"positions.scheme": "rope"}),
+    "alibi": ("gpt2-small", {"positions.scheme": "alibi"}),
+    # RoPE, RMSNorm, SwiGLU, 2 KV heads
+    "gqa-llama": ("llama-style-small", {"attention.n_kv_heads": 2}),
 }
 
 
@@ -37,8 +38,8 @@ def tiny_lm(kind: str, vocab_size: int, max_len: int = 64) -> DecoderLM:
         preset,
         n_layers=2,
         d_model=32,
-        n_heads=4,
-        d_ff=64,
+        attention={"n_heads": 4},
+        ffn={"d_ff": 64},
         vocab_size=vocab_size,
         max_len=max_len,
         dropout=0.0,

@@ -33,7 +33,7 @@ TEXT = "the quick brown fox jumps over the lazy dog. "
 def lm() -> tuple[TransformerModel, BPETokenizer]:
     """A 1-layer model with a byte-level BPE tokenizer: any text a fuzzer draws is a prompt."""
     tok = BPETokenizer.from_lines([TEXT] * 4, vocab_size=300)
-    small = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32, "max_len": 32}
+    small = {"n_layers": 1, "d_model": 16, "attention.n_heads": 2, "ffn.d_ff": 32, "max_len": 32}
     return tiny_model("gpt2-small", vocab_size=tok.vocab_size, **small), tok
 
 

@@ -11,7 +11,15 @@ import aiayn
 from aiayn.models import DecoderLM
 from aiayn.serve.slots import SlotPool
 
-SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=50, max_len=48, dropout=0.0)
+SMALL = {
+    "n_layers": 2,
+    "d_model": 32,
+    "attention.n_heads": 4,
+    "ffn.d_ff": 64,
+    "vocab_size": 50,
+    "max_len": 48,
+    "dropout": 0.0,
+}
 # fp32 summed in another order: a 64-term dot moves up to 64 x 2^-24 ~ 4e-6; CPU: <= 1.8e-7
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -26,7 +34,7 @@ def lm(**kw: object) -> DecoderLM:
 @pytest.mark.parametrize("positional", ["learned", "rope", "alibi", "sinusoidal"])
 @torch.no_grad()
 def test_rows_of_different_lengths_decode_as_each_alone(positional: str) -> None:
-    m = lm(positional=positional, n_kv_heads=2)
+    m = lm(positions={"scheme": positional}, attention={"n_kv_heads": 2})
     pool = SlotPool(m, slots=4)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 50, (n,), generator=g) for n in (5, 1, 12)]
@@ -65,9 +73,9 @@ def test_a_full_row_and_unservable_models_are_refused() -> None:
     with pytest.raises(ValueError, match="full"):
         pool.batch_cache(1)
     with pytest.raises(ValueError, match="sliding_window=4"):
-        SlotPool(lm(sliding_window=4), slots=1)
+        SlotPool(lm(attention={"sliding_window": 4}), slots=1)
     with pytest.raises(ValueError, match="recurrent state"):
-        SlotPool(lm(mixer="linear"), slots=1)
+        SlotPool(lm(mixer={"kind": "linear"}), slots=1)
     with pytest.raises(ValueError, match="capacity"):
         SlotPool(m, slots=1, capacity=49)
 
@@ -128,7 +136,7 @@ def test_ragged_rows_read_only_their_own_keys_and_agree(
     from aiayn.serve import slots
 
     monkeypatch.setattr(slots, "GROUP_CALL_COST", 0)
-    m = lm(positional=positional, n_kv_heads=2)
+    m = lm(positions={"scheme": positional}, attention={"n_kv_heads": 2})
     pool = SlotPool(m, slots=4)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 50, (n,), generator=g) for n in (30, 2, 17, 9)]

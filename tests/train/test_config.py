@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import aiayn
 from aiayn.config import AttentionConfig
+from aiayn.errors import DeprecatedSetting
 from aiayn.train.config import load_run_config
 
 
@@ -24,7 +25,13 @@ def _write(tmp_path: Path, model: str) -> Path:
 
 
 def test_flat_and_nested_model_tables_read_alike(tmp_path: Path) -> None:
-    flat = load_run_config(_write(tmp_path, "n_heads = 4\nn_kv_heads = 2\nd_ff = 64\n"))
+    with pytest.warns(DeprecatedSetting) as warned:
+        flat = load_run_config(_write(tmp_path, "n_heads = 4\nn_kv_heads = 2\nd_ff = 64\n"))
+    assert [str(w.message).split("; ")[1].split(" (")[0] for w in warned] == [
+        "write 'attention.n_heads'",
+        "write 'attention.n_kv_heads'",
+        "write 'ffn.d_ff'",
+    ]
     nested = load_run_config(
         _write(tmp_path, "[model.attention]\nn_heads = 4\nn_kv_heads = 2\n[model.ffn]\nd_ff = 64\n")
     )
@@ -38,7 +45,8 @@ def test_flat_and_nested_model_tables_read_alike(tmp_path: Path) -> None:
 
 def test_overrides_win_over_the_file_in_any_spelling(tmp_path: Path) -> None:
     path = _write(tmp_path, "[model.attention]\nn_heads = 4\n")
-    assert load_run_config(path, {"model.n_heads": 2}).model.attention.n_heads == 2
+    with pytest.warns(DeprecatedSetting):
+        assert load_run_config(path, {"model.n_heads": 2}).model.attention.n_heads == 2
     assert load_run_config(path, {"model.attention.n_heads": 3}).model.attention.n_heads == 3
     assert load_run_config(path, {"model.preset": "llama-style-small"}).model.norm == "rmsnorm"
 
@@ -48,7 +56,8 @@ def test_overrides_win_over_the_file_in_any_spelling(tmp_path: Path) -> None:
     [
         ("heads = 4\n", r"\[model\] in .*unknown ModelConfig field\(s\) \['heads'\]"),
         ("[model.attention]\nheads = 4\n", r"\['attention.heads'\]"),
-        ("n_heads = 4\n[model.attention]\nn_heads = 2\n", "attention.n_heads is given twice"),
+        ("attention.n_heads = 4\n[model.attention]\nn_heads = 2\n", "not valid TOML"),
+        ('"attention.n_heads" = 4\n[model.attention]\nn_heads = 2\n', "given twice"),
         ("[model.attention]\nn_heads = 0\n", "AttentionConfig.n_heads=0 is invalid"),
     ],
 )
@@ -59,13 +68,20 @@ def test_bad_model_settings_are_named(tmp_path: Path, model: str, match: str) ->
 
 def test_fine_tuning_compares_settings_by_any_name(tmp_path: Path) -> None:
     base = aiayn.build_model(
-        "gpt2-small", n_layers=1, d_model=16, n_heads=2, d_ff=16, vocab_size=32, max_len=8
+        "gpt2-small",
+        n_layers=1,
+        d_model=16,
+        attention={"n_heads": 2},
+        ffn={"d_ff": 16},
+        vocab_size=32,
+        max_len=8,
     )
     aiayn.save(base, tmp_path / "base")
     path = tmp_path / "tune.toml"
     head = f'[model]\ninit_from = "{tmp_path / "base"}"\n'
     path.write_text(head + 'n_heads = 2\nattention_backend = "reference"\n')
-    tuned = load_run_config(path).model  # n_heads agrees; the backend may change
+    with pytest.warns(DeprecatedSetting):
+        tuned = load_run_config(path).model  # n_heads agrees; the backend may change
     assert tuned.attention.backend == "reference" and tuned.attention.n_heads == 2
     path.write_text(head + "[model.attention]\nn_heads = 4\n")
     with pytest.raises(ValueError, match=r"contradicts .*attention.n_heads = 4 \(.* has 2\)"):

@@ -50,8 +50,8 @@ TOML = f"""
 preset = "gpt2-small"
 n_layers = 2
 d_model = 48
-n_heads = 4
-d_ff = 96
+attention.n_heads = 4
+ffn.d_ff = 96
 max_len = 32
 dropout = 0.1
 

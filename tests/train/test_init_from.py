@@ -152,7 +152,13 @@ def test_only_language_models_start_from_a_checkpoint(
     toml = TRANSLATION_TOML.replace(
         'preset = "paper-base"\n', f'init_from = "{tmp_path / "mt-start"}"\n'
     )
-    for key in ("n_layers = 1", "d_model = 32", "n_heads = 4", "d_ff = 64", "max_len = 64"):
+    for key in (
+        "n_layers = 1",
+        "d_model = 32",
+        "attention.n_heads = 4",
+        "ffn.d_ff = 64",
+        "max_len = 64",
+    ):
         toml = toml.replace(key + "\n", "")
     (tmp_path / "mt.toml").write_text(toml)
     code = main(

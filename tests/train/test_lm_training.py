@@ -84,7 +84,7 @@ def test_weight_decay_only_on_matrices() -> None:
 def test_trains_a_mixture_of_experts(setup: tuple[Path, Path]) -> None:
     root, cfg_path = setup
     run = load_run_config(
-        cfg_path, {"model.n_experts": 4, "model.experts_top_k": 2, "train.max_steps": 6}
+        cfg_path, {"model.ffn.n_experts": 4, "model.ffn.top_k": 2, "train.max_steps": 6}
     )
     out = train_lm(run, root / "moe", root, progress=False)
     losses = [h["loss"] for h in out.history]

@@ -171,7 +171,7 @@ def test_the_command_trains_an_encoder_and_needs_a_checkpoint(
     scratch = tmp_path / "scratch.toml"
     scratch.write_text(
         TOML.replace('init_from = "{folder}"', 'preset = "bert-base"\nn_layers = 1').replace(
-            "dropout = 0.1", "dropout = 0.1\nd_model = 32\nn_heads = 4\nd_ff = 64"
+            "dropout = 0.1", "dropout = 0.1\nd_model = 32\nattention.n_heads = 4\nffn.d_ff = 64"
         )
     )
     code = main(["train", str(scratch), "--out", str(tmp_path / "s"), "--data", str(tmp_path)])

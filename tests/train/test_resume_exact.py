@@ -50,8 +50,8 @@ LM_TOML = """
 preset = "gpt2-small"
 n_layers = 1
 d_model = 32
-n_heads = 4
-d_ff = 64
+attention.n_heads = 4
+ffn.d_ff = 64
 max_len = 16
 dropout = 0.1
 
@@ -72,15 +72,15 @@ checkpoint_interval = 4
 VIT_TOML = """
 [model]
 arch = "encoder"
-patch_size = 2
-pool = "cls"
-positional = "learned"
+vision.patch_size = 2
+vision.pool = "cls"
+positions.scheme = "learned"
 n_layers = 1
 d_model = 16
-n_heads = 2
-d_ff = 32
+attention.n_heads = 2
+ffn.d_ff = 32
 norm_position = "pre"
-activation = "gelu"
+ffn.activation = "gelu"
 dropout = 0.1
 init = "scaled-normal"
 scale_embeddings = false
@@ -116,7 +116,7 @@ def translation_case(root: Path, rnn: str | None = None, steps: int = 10) -> tup
     write_corpus(root / "data")
     toml = TRANSLATION_TOML
     if rnn is not None:
-        toml = toml.replace('preset = "paper-base"', f'preset = "paper-base"\nrnn = "{rnn}"')
+        toml = toml.replace('preset = "paper-base"', f'preset = "paper-base"\nrnn.cell = "{rnn}"')
     (root / "run.toml").write_text(toml)
     settings = {
         **PINNED,

@@ -19,8 +19,8 @@ TOML = """
 preset = "gpt2-small"
 n_layers = 1
 d_model = 32
-n_heads = 4
-d_ff = 64
+attention.n_heads = 4
+ffn.d_ff = 64
 max_len = 16
 dropout = 0.0
 

@@ -18,6 +18,15 @@ from aiayn.explore.requests import (
 )
 from aiayn.inspect import cost_report, teaching
 
+# The KV-cache lesson's request fields -> the model settings they set.
+_KV_LESSON_SETTINGS = {
+    "n_layers": "n_layers",
+    "d_model": "d_model",
+    "n_heads": "attention.n_heads",
+    "n_kv_heads": "attention.n_kv_heads",
+    "attention_every": "mixer.attention_every",
+}
+
 
 def router() -> APIRouter:
     """The lessons' routes."""
@@ -42,10 +51,13 @@ def router() -> APIRouter:
 
     @routes.post("/api/lesson/kv-cache")
     def lesson_kv_cache(req: KVCacheLesson) -> dict[str, Any]:
-        fields = ("n_layers", "d_model", "n_heads", "n_kv_heads", "attention_every")
-        overrides = {f: getattr(req, f) for f in fields if getattr(req, f) is not None}
+        overrides = {
+            setting: getattr(req, field)
+            for field, setting in _KV_LESSON_SETTINGS.items()
+            if getattr(req, field) is not None
+        }
         if req.mixer != "attention":  # the recurrent layers of a decoder (aiayn/nn/)
-            overrides["mixer"] = req.mixer
+            overrides["mixer.kind"] = req.mixer
         config = get_preset(req.preset, **overrides)
         report = cost_report.cost_report(config, req.context, req.batch, req.dtype, name=req.preset)
         data = report.to_dict()
