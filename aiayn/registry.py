@@ -18,7 +18,7 @@ from typing import Any
 from aiayn.errors import ConfigError
 
 REGISTRY: dict[str, dict[str, str | Any]] = {
-    # PositionScheme subclasses (aiayn/nn/positions/): constructed with the ModelConfig.
+    # PositionScheme subclasses (aiayn/nn/positions/): built from (PositionConfig, PositionSizes).
     "positional": {
         "sinusoidal": "aiayn.nn.positions.sinusoidal:SinusoidalPositions",
         "learned": "aiayn.nn.positions.learned:LearnedPositions",

@@ -20,14 +20,29 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig
+from aiayn.config import FeedForwardConfig, ModelConfig
 from aiayn.nn.context import Context
 from aiayn.nn.feedforward import build_feedforward
 from aiayn.nn.linear_attention import LinearSelfAttention
 from aiayn.nn.moe import MixtureOfExperts
-from aiayn.nn.multihead import CrossAttention, MultiHeadAttention, SelfAttention
+from aiayn.nn.multihead import CrossAttention, SelfAttention
 from aiayn.nn.norms import build_norm
 from aiayn.nn.ssm import SelectiveSSM
+
+
+def feed_forward_sublayer(ffn: FeedForwardConfig, d_model: int, bias: bool) -> nn.Module:
+    """The position-wise feed-forward network of ``ffn`` (§3.3), or its mixture of experts."""
+    if ffn.n_experts is None:
+        return build_feedforward(d_model, ffn.d_ff, ffn.activation, bias)
+    return MixtureOfExperts(
+        d_model,
+        ffn.d_ff,
+        n_experts=ffn.n_experts,
+        top_k=ffn.top_k,
+        activation=ffn.activation,
+        bias=bias,
+        capacity_factor=ffn.capacity_factor,
+    )
 
 
 class Block(nn.Module):
@@ -44,59 +59,27 @@ class Block(nn.Module):
         c = config
         self.pre_norm = c.norm_position == "pre"
         self.residual = c.residual  # False: the ablation without residual connections
-
-        def attention(is_cross: bool) -> MultiHeadAttention:
-            kind: type[MultiHeadAttention] = SelfAttention
-            if is_cross:
-                kind = CrossAttention
-            elif c.mixer_at(layer) == "linear":
-                kind = LinearSelfAttention
-            return kind(
-                c.d_model,
-                c.attention.n_heads,
-                c.kv_heads,
-                d_head=c.head_dim,
-                bias=c.bias,
-                qkv_bias=c.attention.qkv_bias,
-                attention_dropout=c.attention.dropout,
-                backend=c.attention.backend,
-                score=c.attention.score,
-                scaled=c.attention.scale,
-                stream="cross" if is_cross else stream,
-                layer=layer,
+        mixer = c.mixer_at(layer)
+        self.self_attn: nn.Module
+        if mixer == "ssm":
+            self.self_attn = SelectiveSSM.from_config(
+                c.mixer, c.d_model, bias=c.bias, eps=c.norm_eps, layer=layer
             )
-
-        self.self_attn: nn.Module = (
-            SelectiveSSM(
-                c.d_model,
-                state_size=c.mixer.ssm_state,
-                expand=c.mixer.ssm_expand,
-                conv=c.mixer.ssm_conv,
-                head_dim=c.mixer.ssm_head_dim,
-                bias=c.bias,
-                eps=c.norm_eps,
-                layer=layer,
+        else:
+            kind = LinearSelfAttention if mixer == "linear" else SelfAttention
+            self.self_attn = kind.from_config(
+                c.attention, c.d_model, bias=c.bias, stream=stream, layer=layer
             )
-            if c.mixer_at(layer) == "ssm" and not cross
-            else attention(False)
-        )
         self.norm1 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
-        self.cross_attn = attention(True) if cross else None
-        self.norm_cross = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if cross else None
-        self.ffn: nn.Module
-        f = c.ffn
-        if f.n_experts is None:
-            self.ffn = build_feedforward(c.d_model, f.d_ff, f.activation, c.bias)
-        else:  # mixture of experts in place of the feed-forward sublayer
-            self.ffn = MixtureOfExperts(
-                c.d_model,
-                f.d_ff,
-                n_experts=f.n_experts,
-                top_k=f.top_k,
-                activation=f.activation,
-                bias=c.bias,
-                capacity_factor=f.capacity_factor,
+        self.cross_attn = (
+            CrossAttention.from_config(
+                c.attention, c.d_model, bias=c.bias, stream="cross", layer=layer
             )
+            if cross
+            else None
+        )
+        self.norm_cross = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if cross else None
+        self.ffn = feed_forward_sublayer(c.ffn, c.d_model, c.bias)
         self.norm2 = build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
         self.dropout = c.dropout  # on each sublayer's output, before the residual add (§5.4)
 

@@ -24,12 +24,13 @@ C = d_model.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import Tensor, nn
 
 from aiayn import registry
+from aiayn.config import AttentionConfig
 from aiayn.errors import UserError
 from aiayn.nn.additive import additive_attention, additive_scores
 from aiayn.nn.attention import AttentionCall, attend, attention_scores
@@ -121,6 +122,34 @@ class MultiHeadAttention(nn.Module):
         in_bias = bias if qkv_bias is None else qkv_bias  # Qwen2: on Q, K, V, not W^O
         self.build_inputs(d_model, in_bias)  # before W^O: the order of initialisation
         self.out = Linear(self.q_dim, d_model, bias=bias)  # W^O
+
+    @classmethod
+    def from_config(
+        cls,
+        attention: AttentionConfig,
+        d_model: int,
+        *,
+        bias: bool = True,
+        stream: str = "self",
+        layer: int = 0,
+    ) -> Self:
+        """The attention a model's ``AttentionConfig`` describes, at width ``d_model``;
+        ``bias`` is the model's (the Q, K, V projections follow ``attention.qkv_bias``)."""
+        a = attention
+        return cls(
+            d_model,
+            a.n_heads,
+            a.n_kv_heads,
+            d_head=a.d_head,
+            bias=bias,
+            qkv_bias=a.qkv_bias,
+            attention_dropout=a.dropout,
+            backend=a.backend,
+            score=a.score,
+            scaled=a.scale,
+            stream=stream,
+            layer=layer,
+        )
 
     def build_inputs(self, d_model: int, bias: bool) -> None:
         """Create the input projections (a subclass's own)."""

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.config import MixerConfig
 from aiayn.errors import UserError
 from aiayn.nn.context import Context
 from aiayn.nn.linear import Linear
@@ -195,6 +196,23 @@ class SelectiveSSM(nn.Module):
         self.norm = nn.RMSNorm(e, eps=eps)
         self.out = Linear(e, d_model, bias=bias)
         self.post_init()
+
+    @classmethod
+    def from_config(
+        cls, mixer: MixerConfig, d_model: int, *, bias: bool, eps: float, layer: int = 0
+    ) -> SelectiveSSM:
+        """The layer a model's ``MixerConfig`` describes (its ``ssm_*`` sizes), at width
+        ``d_model``, with the model's biases and norm epsilon."""
+        return cls(
+            d_model,
+            state_size=mixer.ssm_state,
+            expand=mixer.ssm_expand,
+            conv=mixer.ssm_conv,
+            head_dim=mixer.ssm_head_dim,
+            bias=bias,
+            eps=eps,
+            layer=layer,
+        )
 
     @torch.no_grad()
     def post_init(self) -> None:

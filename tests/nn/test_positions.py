@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from aiayn.config import AttentionConfig, ModelConfig
+from aiayn.config import PositionConfig
 from aiayn.nn.positions import (
     LearnedPositions,
+    PositionSizes,
     RotaryEmbedding,
     SinusoidalPositions,
     apply_rotary,
@@ -46,12 +47,12 @@ def test_sinusoid_offset_is_a_fixed_linear_map(k: int) -> None:
     assert not torch.allclose(x @ rot, table[k + 1 : n + k + 1], atol=1e-3)
 
 
-def _config(max_len: int, d: int) -> ModelConfig:
-    return ModelConfig(max_len=max_len, d_model=d, attention=AttentionConfig(n_heads=2))
+def _config(max_len: int, d: int) -> tuple[PositionConfig, PositionSizes]:
+    return PositionConfig(), PositionSizes(max_len=max_len, d_model=d, n_heads=2, head_dim=d // 2)
 
 
 def test_sinusoid_distinguishes_order() -> None:
-    pe = SinusoidalPositions(_config(16, 8))
+    pe = SinusoidalPositions(*_config(16, 8))
     a = pe.embed(torch.tensor([0, 1, 2]))
     b = pe.embed(torch.tensor([2, 1, 0]))
     assert not torch.allclose(a, b)
@@ -91,12 +92,12 @@ def test_rope_preserves_norm_and_scaling_interpolates() -> None:
 
 
 def test_positions_beyond_max_len_raise() -> None:
-    for module in (SinusoidalPositions(_config(8, 4)), LearnedPositions(_config(8, 4))):
+    for module in (SinusoidalPositions(*_config(8, 4)), LearnedPositions(*_config(8, 4))):
         with pytest.raises(ValueError, match="max_len=8"):
             module.embed(torch.arange(9))
     with pytest.raises(ValueError, match="max_len=8"):
         RotaryEmbedding(4, 8)(torch.arange(9))
     with pytest.raises(ValueError, match="integer"):
-        LearnedPositions(_config(8, 4)).embed(torch.zeros(3))
+        LearnedPositions(*_config(8, 4)).embed(torch.zeros(3))
     with pytest.raises(ValueError, match="even"):
         RotaryEmbedding(5, 8)

@@ -15,8 +15,8 @@ import math
 import torch
 from torch import Tensor
 
-from aiayn.config import ModelConfig
-from aiayn.nn.positions.base import PositionScheme, PositionState
+from aiayn.config import PositionConfig
+from aiayn.nn.positions.base import PositionScheme, PositionSizes, PositionState
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -47,9 +47,9 @@ class _Bias(PositionState):
 class ALiBi(PositionScheme):
     slopes: Tensor
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        self.register_buffer("slopes", alibi_slopes(config.attention.n_heads), persistent=False)
+    def __init__(self, positions: PositionConfig, sizes: PositionSizes) -> None:
+        super().__init__(positions, sizes)
+        self.register_buffer("slopes", alibi_slopes(sizes.n_heads), persistent=False)
 
     def state(self, q_positions: Tensor, k_positions: Tensor) -> PositionState:
         return _Bias(self.slopes, q_positions, k_positions)

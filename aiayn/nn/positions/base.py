@@ -22,10 +22,12 @@ differ per row -- so that padding and cache offsets are the caller's numbers, no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig
+from aiayn.config import ModelConfig, PositionConfig
 from aiayn.errors import UserError
 
 
@@ -60,12 +62,29 @@ class PositionState:
 NO_POSITIONS = PositionState()
 
 
-class PositionScheme(nn.Module):
-    """The ``"none"`` scheme, and the interface every scheme implements."""
+@dataclass(frozen=True)
+class PositionSizes:
+    """The sizes of the model a scheme serves: positions below ``max_len``; vectors of
+    ``d_model`` added to the embeddings (sinusoidal, learned), or ``n_heads`` heads of
+    ``head_dim`` inside attention (ALiBi's slopes, RoPE's rotations)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    max_len: int
+    d_model: int
+    n_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> PositionSizes:
+        return cls(config.max_len, config.d_model, config.attention.n_heads, config.head_dim)
+
+
+class PositionScheme(nn.Module):
+    """The ``"none"`` scheme, and the interface every scheme implements: built from the
+    model's ``PositionConfig`` and its ``PositionSizes``."""
+
+    def __init__(self, positions: PositionConfig, sizes: PositionSizes) -> None:
         super().__init__()
-        self.max_len = config.max_len
+        self.max_len = sizes.max_len
 
     def embed(self, positions: Tensor) -> Tensor | None:
         """(T,) or (B, T) positions -> (T, C) or (B, T, C) added to the embeddings, or None."""

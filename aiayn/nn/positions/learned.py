@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig
-from aiayn.nn.positions.base import PositionScheme, check_positions
+from aiayn.config import PositionConfig
+from aiayn.nn.positions.base import PositionScheme, PositionSizes, check_positions
 
 
 class LearnedPositions(PositionScheme):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        self.weight = nn.Parameter(torch.zeros(config.max_len, config.d_model))
+    def __init__(self, positions: PositionConfig, sizes: PositionSizes) -> None:
+        super().__init__(positions, sizes)
+        self.weight = nn.Parameter(torch.zeros(sizes.max_len, sizes.d_model))
 
     def embed(self, positions: Tensor) -> Tensor:
         check_positions(positions, self.max_len)

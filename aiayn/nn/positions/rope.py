@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig
+from aiayn.config import PositionConfig
 from aiayn.errors import UserError
-from aiayn.nn.positions.base import PositionScheme, PositionState, check_positions
+from aiayn.nn.positions.base import PositionScheme, PositionSizes, PositionState, check_positions
 
 
 class RotaryEmbedding(nn.Module):
@@ -65,12 +65,12 @@ class _Rotation(PositionState):
 class RotaryPositions(PositionScheme):
     """RoPE on queries and keys of self-attention; nothing added to the embeddings."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        if config.head_dim % 2:
-            raise UserError(f"rotary positions need an even head size, got {config.head_dim}")
-        p = config.positions
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_len, p.rope_base, p.rope_scaling)
+    def __init__(self, positions: PositionConfig, sizes: PositionSizes) -> None:
+        super().__init__(positions, sizes)
+        d, p = sizes.head_dim, positions
+        if d % 2:
+            raise UserError(f"rotary positions need an even head size, got {d}")
+        self.rotary = RotaryEmbedding(d, sizes.max_len, p.rope_base, p.rope_scaling)
 
     def state(self, q_positions: Tensor, k_positions: Tensor) -> PositionState:
         # New keys sit at the query positions; cached keys were rotated when they were new.

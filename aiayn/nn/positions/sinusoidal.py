@@ -12,8 +12,8 @@ import math
 import torch
 from torch import Tensor
 
-from aiayn.config import ModelConfig
-from aiayn.nn.positions.base import PositionScheme, check_positions
+from aiayn.config import PositionConfig
+from aiayn.nn.positions.base import PositionScheme, PositionSizes, check_positions
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
@@ -33,9 +33,9 @@ class SinusoidalPositions(PositionScheme):
 
     table: Tensor
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        table = sinusoidal_table(config.max_len, config.d_model)
+    def __init__(self, positions: PositionConfig, sizes: PositionSizes) -> None:
+        super().__init__(positions, sizes)
+        table = sinusoidal_table(sizes.max_len, sizes.d_model)
         self.register_buffer("table", table, persistent=False)
 
     def embed(self, positions: Tensor) -> Tensor:
