@@ -9,7 +9,8 @@ The public API:
 >>> bundle = aiayn.load("runs/multi30k")  # a checkpoint, a run or an HF folder
 >>> bundle.model, bundle.tokenizer, bundle.run
 >>> aiayn.scaled_dot_product_attention(q, k, v, mask, is_causal=True)
->>> result = aiayn.run_training("configs/shakespeare_char.toml", "runs/char")  # aiayn train
+>>> result = aiayn.train("configs/shakespeare_char.toml", "runs/char")  # aiayn train
+>>> aiayn.evaluate("runs/char").scores  # aiayn evaluate: {"loss": ..., "perplexity": ...}
 
 The names are imported on first use (PEP 562), so that ``import aiayn.cli`` -- and with it
 ``aiayn --help`` -- does not pay for torch.
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiayn.checkpoint import Bundle, load, load_model, save
     from aiayn.config import ModelConfig, get_preset, presets
+    from aiayn.evaluation.entry import evaluate
     from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel, build_model
     from aiayn.nn.attention import scaled_dot_product_attention
     from aiayn.nn.cache import Cache, KVCache
-    from aiayn.train.entry import run_training
+    from aiayn.training.entry import train
 
 __version__ = "0.1.0"
 
@@ -47,7 +49,8 @@ _HOME = {
     "scaled_dot_product_attention": "aiayn.nn.attention",
     "Cache": "aiayn.nn.cache",
     "KVCache": "aiayn.nn.cache",
-    "run_training": "aiayn.train.entry",
+    "train": "aiayn.training.entry",
+    "evaluate": "aiayn.evaluation.entry",
 }
 
 __all__ = [
@@ -60,13 +63,14 @@ __all__ = [
     "ModelConfig",
     "TransformerModel",
     "build_model",
+    "evaluate",
     "get_preset",
     "load",
     "load_model",
     "presets",
-    "run_training",
     "save",
     "scaled_dot_product_attention",
+    "train",
 ]
 
 

@@ -173,7 +173,7 @@ def tokens_per_s(log: Path) -> float:
 def reader_rate(shards: Path, max_tokens: int, batches: int = 300) -> tuple[float, float]:
     """Batches per second the translation task delivers from ``shards`` (planned from the
     lengths, read from the map and collated), and the mean real target tokens per batch."""
-    from aiayn.train.translate import TokenShards, TranslationTask
+    from aiayn.training.translate import TokenShards, TranslationTask
 
     source = TokenShards(shards)
     train, valid = source.splits(source.tokenizer(), 256)

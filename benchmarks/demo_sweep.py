@@ -29,8 +29,8 @@ from aiayn.data.batching import batch_shapes
 from aiayn.data.files import data_dir
 from aiayn.device import matmul_gflops
 from aiayn.inspect.calc import translation_batch_flops
-from aiayn.train.config import load_run_config
-from aiayn.train.translate import encode_pairs, load_pairs
+from aiayn.training.config import load_run_config
+from aiayn.training.translate import encode_pairs, load_pairs
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo_de_en.toml"
 

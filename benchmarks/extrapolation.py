@@ -23,10 +23,10 @@ from aiayn.checkpoint import load
 from aiayn.data.files import data_dir
 from aiayn.data.lm_data import TokenStream
 from aiayn.device import matmul_gflops
-from aiayn.evaluate.perplexity import evaluate_lm
+from aiayn.evaluation.perplexity import evaluate_lm
 from aiayn.models import DecoderLM
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import train_lm
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import train_lm
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shakespeare_char.toml"
 

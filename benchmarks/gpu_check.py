@@ -37,12 +37,12 @@ from aiayn.checkpoint import load
 from aiayn.data.files import data_dir
 from aiayn.data.parallel import multi30k
 from aiayn.device import matmul_gflops, resolve_device
-from aiayn.evaluate.translation import score
+from aiayn.evaluation.translation import score
 from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.beam import BeamConfig, beam_search
 from aiayn.generate.translate import translate
-from aiayn.train.config import load_run_config
-from aiayn.train.translate import train_translation
+from aiayn.training.config import load_run_config
+from aiayn.training.translate import train_translation
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -271,8 +271,8 @@ def quality(threads: int, dtype: str) -> dict[str, Any]:
     import tempfile
 
     from aiayn.data.files import data_dir
-    from aiayn.train.config import load_run_config
-    from aiayn.train.lm import train_lm
+    from aiayn.training.config import load_run_config
+    from aiayn.training.lm import train_lm
 
     config = Path(__file__).resolve().parent.parent / "configs" / "shakespeare_char.toml"
     run = load_run_config(config, {"train.threads": threads, "train.dtype": dtype})

@@ -42,7 +42,7 @@ MIXERS = {
 
 def _model(name: str, max_len: int = 64) -> Any:
     from aiayn.models import build_model
-    from aiayn.train.config import load_run_config
+    from aiayn.training.config import load_run_config
 
     run = load_run_config(ROOT / "configs" / "shakespeare_char.toml")
     return build_model(run.model.replace(vocab_size=65, max_len=max_len, **MIXERS[name]))

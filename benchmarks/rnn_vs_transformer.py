@@ -18,7 +18,7 @@
   sacreBLEU on test_2016_flickr (beam 4) with its training tokens/s.
 * ``reach``: for the trained models (``--steps N``: a Transformer trained N steps and the
   GRUs trained as long, when the train stage's folders are not at hand), the gradient of the
-  last prediction's loss with respect to the decoder input k positions back (aiayn/evaluate/gradient_reach.py), over the
+  last prediction's loss with respect to the decoder input k positions back (aiayn/evaluation/gradient_reach.py), over the
   validation sentences with at least 20 target tokens: the measured counterpart of 0.9^k.
 
 Writes benchmarks/results/rnn_vs_transformer.json and PNG plots beside it.
@@ -53,7 +53,7 @@ LENGTHS = (8, 16, 32, 64, 128)
 
 def _model(name: str, vocab: int = 8000) -> Any:
     from aiayn.models import build_model
-    from aiayn.train.config import load_run_config
+    from aiayn.training.config import load_run_config
 
     run = load_run_config(CONFIGS[name])
     return build_model(run.model.replace(vocab_size=vocab, pad_id=0)), run
@@ -124,7 +124,7 @@ def _plot_speed(table: dict[str, dict[str, Any]]) -> None:
 def _batches(run: Any, tokenizer: Any, root: Path, steps: int) -> list[tuple[int, int, int]]:
     """(sentences, source, target) of the first ``steps`` training batches, in order."""
     from aiayn.data.batching import batch_shapes
-    from aiayn.train.translate import encode_pairs, load_pairs
+    from aiayn.training.translate import encode_pairs, load_pairs
 
     pairs = encode_pairs(load_pairs(run, root, "train"), tokenizer)
     lengths = [(len(s), len(t) - 1) for s, t in pairs]
@@ -149,8 +149,8 @@ def _step_seconds(
 ) -> dict[str, float]:
     """Median seconds per training step on the same real batches, models interleaved."""
     from aiayn.data.batching import token_batches
-    from aiayn.train.config import load_run_config
-    from aiayn.train.translate import collate, encode_pairs, load_pairs
+    from aiayn.training.config import load_run_config
+    from aiayn.training.translate import collate, encode_pairs, load_pairs
 
     run = load_run_config(CONFIGS["transformer"])
     pairs = encode_pairs(load_pairs(run, root, "train"), tokenizer)
@@ -204,7 +204,7 @@ def _train(config: Path, out: Path, steps: int, root: Path) -> dict[str, Any]:
 def _score(folder: Path, root: Path) -> dict[str, float]:
     from aiayn.checkpoint import load
     from aiayn.data.parallel import multi30k
-    from aiayn.evaluate.translation import evaluate_translation
+    from aiayn.evaluation.translation import evaluate_translation
 
     bundle = load(folder / "checkpoint")
     pairs = multi30k(root / "multi30k", "test_2016_flickr", "de", "en")
@@ -233,7 +233,7 @@ def stage_train(out: Path, root: Path) -> dict[str, Any]:
     from aiayn.checkpoint import load
     from aiayn.inspect.calc import translation_batch_flops
     from aiayn.models import build_model
-    from aiayn.train.config import load_run_config
+    from aiayn.training.config import load_run_config
 
     result: dict[str, Any] = {}
     tf_run = load_run_config(CONFIGS["transformer"])
@@ -328,9 +328,9 @@ def _reach_models(out: Path, root: Path, steps: int | None) -> dict[str, Path]:
 
 def stage_reach(out: Path, root: Path, steps: int | None, min_len: int = 20) -> dict[str, Any]:
     from aiayn.checkpoint import load
-    from aiayn.evaluate.gradient_reach import gradient_by_distance
-    from aiayn.train.config import load_run_config
-    from aiayn.train.translate import collate, encode_pairs, load_pairs
+    from aiayn.evaluation.gradient_reach import gradient_by_distance
+    from aiayn.training.config import load_run_config
+    from aiayn.training.translate import collate, encode_pairs, load_pairs
 
     run = load_run_config(CONFIGS["transformer"])
     reach: dict[str, Any] = {}

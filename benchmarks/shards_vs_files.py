@@ -45,10 +45,10 @@ def main() -> int:
     from aiayn.cli import main as cli
     from aiayn.data.parallel import multi30k
     from aiayn.device import matmul_gflops
-    from aiayn.evaluate.translation import evaluate_translation
+    from aiayn.evaluation.translation import evaluate_translation
     from aiayn.generate.beam import PAPER_BEAM
-    from aiayn.train.config import load_run_config
-    from aiayn.train.translate import PlainFiles, TokenShards, TranslationTask, train_translation
+    from aiayn.training.config import load_run_config
+    from aiayn.training.translate import PlainFiles, TokenShards, TranslationTask, train_translation
 
     data, work = Path(args.data), Path(args.work or tempfile.mkdtemp(prefix="aiayn-shards-"))
     overrides: dict[str, object] = {"train.device": "cpu"}

@@ -24,12 +24,12 @@ from aiayn.data.files import data_dir
 from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.device import matmul_gflops
-from aiayn.evaluate.translation import evaluate_translation
+from aiayn.evaluation.translation import evaluate_translation
 from aiayn.generate.beam import PAPER_BEAM
 from aiayn.models import EncoderDecoder
-from aiayn.train.average import average_checkpoints
-from aiayn.train.config import load_run_config
-from aiayn.train.translate import train_translation
+from aiayn.training.average import average_checkpoints
+from aiayn.training.config import load_run_config
+from aiayn.training.translate import train_translation
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ implementations interleaved round by round, medians with min-max (benchmarks/rou
    all three can share is none.  aiayn computes its loss as its trainer does (the chunked
    fused cross-entropy, ``model(src, tgt, targets=...)``); the peers through their logits.
    In fp32 aiayn's linear layers run on oneDNN if it measures faster than MKL on this host at
-   the batch's row count (the probe the trainer runs, aiayn/train/loop.py); the row
+   the batch's row count (the probe the trainer runs, aiayn/training/loop.py); the row
    "aiayn-mkl" forces MKL, to show how much of the result is the host's oneDNN.
    MFU = training FLOPs (aiayn.inspect.calc, PaLM count) / time / torch.mm's rate in the same
    dtype, measured in the same run.

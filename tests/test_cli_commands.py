@@ -27,9 +27,9 @@ from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.beam import BeamConfig
 from aiayn.generate.translate import translate
 from aiayn.models import DecoderLM, EncoderDecoder
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import train_lm
-from aiayn.train.translate import train_translation
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import train_lm
+from aiayn.training.translate import train_translation
 from tests.conftest import LM_TOML, TRANSLATION_TOML, write_corpus
 
 CORPUS = "To be, or not to be, that is the question.\n" * 40

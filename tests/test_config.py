@@ -436,7 +436,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_run_configs_write_each_setting_one_way(path: Path) -> None:
-    from aiayn.train.config import load_run_config
+    from aiayn.training.config import load_run_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecatedSetting)

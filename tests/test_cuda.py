@@ -38,8 +38,8 @@ def test_tiled_attention_on_cuda_equals_sdpa(causal: bool) -> None:
 
 def test_training_on_the_gpu_in_bf16_and_resuming_on_the_cpu(tmp_path: Path) -> None:
     from aiayn.checkpoint import RunDir
-    from aiayn.train.config import load_run_config
-    from aiayn.train.lm import train_lm
+    from aiayn.training.config import load_run_config
+    from aiayn.training.lm import train_lm
     from tests.conftest import LM_TEXT, LM_TOML
 
     (tmp_path / "corpus.txt").write_text(LM_TEXT)

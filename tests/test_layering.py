@@ -41,8 +41,8 @@ LAYERS = {
     "interop": 3,
     "checkpoint": 4,
     "generate": 5,
-    "evaluate": 6,
-    "train": 7,
+    "evaluation": 6,
+    "training": 7,
     "inspect": 8,
     "explore": 9,
     "experiment": 9,
@@ -126,14 +126,14 @@ def test_no_two_packages_import_each_other() -> None:
 READERS = ("inspect", "explore")
 
 
-def test_inspect_and_explore_read_runs_without_train() -> None:
+def test_inspect_and_explore_read_runs_without_training() -> None:
     # a run's folder is read through aiayn.config.run, not the training package
     edges = _unit_imports(ROOT)
-    assert not [where for (a, b), where in edges.items() if b == "train" and a in READERS]
+    assert not [where for (a, b), where in edges.items() if b == "training" and a in READERS]
 
 
 def test_the_cycle_checker_sees_a_lazy_cycle(tmp_path: Path) -> None:
-    for name, body in [("interop", "train"), ("train", "interop")]:
+    for name, body in [("interop", "training"), ("training", "interop")]:
         path = tmp_path / "aiayn" / name / "m.py"
         path.parent.mkdir(parents=True)
         path.write_text(f"def f():\n    from aiayn.{body}.m import f\n")
@@ -143,5 +143,5 @@ def test_the_cycle_checker_sees_a_lazy_cycle(tmp_path: Path) -> None:
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "aiayn" / "nn" / "bad.py"
     bad.parent.mkdir(parents=True)
-    bad.write_text("def f():\n    from aiayn.train.loop import fit\n")
-    assert imports(bad) == [(2, "train")]
+    bad.write_text("def f():\n    from aiayn.training.loop import fit\n")
+    assert imports(bad) == [(2, "training")]

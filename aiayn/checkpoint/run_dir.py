@@ -19,7 +19,7 @@ A checkpoint is committed in steps, each of which leaves a usable run behind:
 
 Whatever a kill interrupts, ``RunDir.recover`` finds the newest complete checkpoint (the
 highest ``step_N`` folder -- only complete folders ever get that name), points ``checkpoint``
-at it and removes temporary leftovers.  tests/train/test_faults.py kills training at each of
+at it and removes temporary leftovers.  tests/training/test_faults.py kills training at each of
 these steps and at random instants and checks that the resumed run ends bit for bit where an
 uninterrupted one does.
 

@@ -25,7 +25,7 @@ def _from_config(args: argparse.Namespace) -> dict[str, Any]:
     """What a run's config says to preprocess: its files, tokenizer and max_len."""
     from aiayn.data.parallel import multi30k_file
     from aiayn.data.preprocess import PairFiles
-    from aiayn.train.config import load_run_config
+    from aiayn.training.config import load_run_config
 
     run = load_run_config(args.config, _overrides(args.set))
     d, root = run.data, data_dir(args.data)

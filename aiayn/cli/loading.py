@@ -17,7 +17,7 @@ from aiayn.generate.sampling import SamplingConfig
 from aiayn.interop.generation_config import GenerationIds, generation_of
 from aiayn.models import DecoderLM, EncoderDecoder, EncoderLM, TransformerModel
 from aiayn.models.precision import Precision, apply_precision
-from aiayn.train.loop import FitResult
+from aiayn.training.loop import FitResult
 
 M = TypeVar("M", bound=TransformerModel)
 

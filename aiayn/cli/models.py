@@ -83,7 +83,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from aiayn.train.average import write_average
+    from aiayn.training.average import write_average
 
     _check_out(args.out, args.overwrite)
     write_average(args.checkpoints, args.out)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,7 +12,7 @@ from aiayn.data.files import data_dir
 from aiayn.errors import UserError
 
 if TYPE_CHECKING:
-    from aiayn.models import EncoderDecoder
+    from aiayn.evaluation.entry import Evaluation
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "demo_de_en.toml"
 
@@ -28,12 +27,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from aiayn.cli.loading import _device, _load_translator, _print_result
     from aiayn.data.parallel import multi30k
     from aiayn.device import matmul_gflops
-    from aiayn.evaluate.translation import score
+    from aiayn.evaluation.translation import score
     from aiayn.generate.beam import BeamConfig
     from aiayn.generate.translate import translate
     from aiayn.inspect.summary import summarize
-    from aiayn.train.config import load_run_config
-    from aiayn.train.translate import train_translation
+    from aiayn.training.config import load_run_config
+    from aiayn.training.translate import train_translation
 
     t_start = time.perf_counter()
     root = data_dir(args.data)
@@ -77,9 +76,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from aiayn.cli.loading import _print_result
-    from aiayn.train.entry import run_training
+    from aiayn.training.entry import train
 
-    result = run_training(
+    result = train(
         args.config,
         args.out,
         data=args.data,
@@ -92,134 +91,90 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import math
+    from aiayn.cli.loading import _beam, _precision
+    from aiayn.evaluation.entry import TranslationSet, evaluate
 
-    from aiayn.checkpoint import load
-    from aiayn.cli.loading import _device, _precision
-    from aiayn.data.lm_data import TokenStream
-    from aiayn.evaluate.perplexity import evaluate_lm
-    from aiayn.models import EncoderDecoder
-    from aiayn.models.precision import apply_precision
-    from aiayn.nn.cpu_decoding import for_decoding
-
-    bundle = load(args.checkpoint)
-    model, tokenizer = bundle.model, bundle.tokenizer
-    apply_precision(model, _device(args), _precision(args))
-    if args.lm_eval:
-        return _evaluate_lm_eval(args, model, tokenizer)
-    data = bundle.run.get("data", {})
-    if isinstance(model, EncoderDecoder):
-        return _evaluate_translation(args, model, tokenizer, data)
-    if model.config.vision.image_size is not None:
-        return _evaluate_images(model, bundle.run)
-    text = args.text or data.get("text")
-    if not text:
-        raise UserError("no text to evaluate on: pass --text FILE")
-    path = Path(text) if Path(text).is_file() else data_dir(args.data) / text
-    stream = TokenStream.from_file(path, tokenizer, train_fraction=data.get("train_fraction", 0.9))
-    block = args.block or model.config.max_len
-    # int8 weights run their decoding kernel (quantized activations), as generation does
-    int8 = model.config.quantization == "int8"
-    with for_decoding(model, args.batch_size * block) if int8 else contextlib.nullcontext():
-        loss = evaluate_lm(
-            model,  # type: ignore[arg-type]
-            stream,
-            batches=args.batches,
-            batch_size=args.batch_size,
-            block=block,
-        )
-    print(f"validation loss    {loss:.4f} nats/token")
-    print(f"perplexity         {math.exp(loss):.3f}")
-    if tokenizer.kind == "char":
-        print(f"bits per character {loss / math.log(2):.4f}")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit}: score at least 1 sentence")
+    tasks = [t.strip() for t in (args.lm_eval or "").split(",") if t.strip()]
+    result = evaluate(
+        args.checkpoint,
+        data=args.data,
+        text=args.text,
+        sentences=TranslationSet(args.split, args.source, args.reference),
+        beam=_beam(args),
+        batches=args.batches,
+        batch_size=args.batch_size,
+        block=args.block,
+        limit=args.limit,
+        tasks=tasks,
+        include_path=args.include_path,
+        device=args.device or "auto",
+        precision=_precision(args),
+    )
+    {
+        "lm": _print_lm,
+        "translation": _print_translation,
+        "images": _print_images,
+        "lm-eval": _print_lm_eval,
+    }[result.task](result, args)
     return 0
 
 
-def _evaluate_lm_eval(args: argparse.Namespace, model: object, tokenizer: object) -> int:
-    """lm-evaluation-harness's tasks, in process (aiayn/evaluate/lm_eval.py): its table of
-    scores, and with ``--output`` the results as JSON."""
+def _print_lm(result: Evaluation, args: argparse.Namespace) -> None:
+    s = result.scores
+    print(f"validation loss    {s['loss']:.4f} nats/token")
+    print(f"perplexity         {s['perplexity']:.3f}")
+    if "bits_per_character" in s:
+        print(f"bits per character {s['bits_per_character']:.4f}")
+
+
+def _print_translation(result: Evaluation, args: argparse.Namespace) -> None:
+    hyps, seconds = result.details["hypotheses"], result.details["seconds"]
+    if args.output:
+        _write_whole(Path(args.output), "".join(f"{h}\n" for h in hyps))
+    print(f"{result.on}: {result.details['summary']}")
+    print(f"decoding: {seconds:.1f} s, {len(hyps) / seconds:.1f} sentences/s")
+
+
+def _print_images(result: Evaluation, args: argparse.Namespace) -> None:
+    print(result.on)
+    print(f"  Vision Transformer      accuracy {result.scores['accuracy']:.4f}")
+    for name, accuracy in result.scores.items():
+        if name != "accuracy":
+            baseline = name.removesuffix(" accuracy")
+            print(f"  {baseline:<23} accuracy {accuracy:.4f}  (same training images)")
+    labels = result.details["labels"]
+    print("confusion matrix (rows: true class, columns: predicted):")
+    print("      " + " ".join(f"{label:>4}" for label in labels))
+    for label, row in zip(labels, result.details["confusion"], strict=True):
+        print(f"  {label:>3} " + " ".join(f"{n:>4}" for n in row))
+
+
+def _print_lm_eval(result: Evaluation, args: argparse.Namespace) -> None:
+    """lm-evaluation-harness's table of scores, and with ``--output`` the results as JSON."""
     import json
 
     from lm_eval.utils import make_table
 
-    from aiayn.evaluate.lm_eval import AiaynLM, evaluate_tasks
-    from aiayn.models import DecoderLM
-
-    if not isinstance(model, DecoderLM):
-        raise UserError(
-            f"--lm-eval scores language models; {args.checkpoint} holds a {type(model).__name__}"
-        )
-    lm = AiaynLM(model, tokenizer, batch_size=args.batch_size)  # type: ignore[arg-type]
-    tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
-    results = evaluate_tasks(lm, tasks, include_path=args.include_path, limit=args.limit)
+    results = result.details["results"]
     print(make_table(results))
     if args.output:
         responses = {
             task: [s["filtered_resps"] for s in sorted(samples, key=lambda s: s["doc_id"])]
             for task, samples in results.get("samples", {}).items()
         }
+        tasks = result.on.split(", ")
         out = {"checkpoint": args.checkpoint, "tasks": tasks, "results": results["results"]}
         text = json.dumps({**out, "responses": responses}, indent=2, default=str) + "\n"
-        tmp = Path(args.output).with_name(Path(args.output).name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.output)  # whole or not at all
-    return 0
+        _write_whole(Path(args.output), text)
 
 
-def _evaluate_images(model: object, run: dict[str, object]) -> int:
-    from aiayn.config.run import DataConfig
-    from aiayn.data.images import load_split
-    from aiayn.evaluate.images import baselines, score_classifier
-    from aiayn.models.vision import VisionTransformer
-
-    assert isinstance(model, VisionTransformer)
-    d = DataConfig(**run.get("data", {}))  # type: ignore[arg-type]
-    split = load_split(d.images, test_fraction=d.test_fraction, seed=d.seed)
-    scores = score_classifier(model, split)
-    print(f"{d.images}: {scores['test_images']} held-out test images (never trained on)")
-    print(f"  Vision Transformer      accuracy {scores['accuracy']:.4f}")
-    for name, accuracy in baselines(split).items():
-        print(f"  {name:<23} accuracy {accuracy:.4f}  (same training images)")
-    print("confusion matrix (rows: true class, columns: predicted):")
-    print("      " + " ".join(f"{label:>4}" for label in split.labels))
-    for label, row in zip(split.labels, scores["confusion"], strict=True):
-        print(f"  {label:>3} " + " ".join(f"{n:>4}" for n in row))
-    return 0
-
-
-def _evaluate_translation(
-    args: argparse.Namespace, model: EncoderDecoder, tokenizer: object, data: dict[str, object]
-) -> int:
-    from aiayn.cli.loading import _beam
-    from aiayn.data.parallel import multi30k, read_parallel
-    from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
-    from aiayn.evaluate.translation import evaluate_translation
-
-    if not isinstance(tokenizer, BPETokenizer | MarianTokenizer):
-        raise UserError("a translation checkpoint needs a BPE or Marian tokenizer")
-    src_lang, tgt_lang = str(data.get("source_lang", "de")), str(data.get("target_lang", "en"))
-    if bool(args.source) != bool(args.reference):
-        raise UserError("--source and --reference go together: a test set's two files")
-    if args.source:  # a test set of one's own (newstest2014 from aiayn download)
-        pairs = read_parallel(args.source, args.reference)
-        name = f"{args.source} -> {args.reference}"
-    else:
-        pairs = multi30k(data_dir(args.data) / "multi30k", args.split, src_lang, tgt_lang)
-        name = f"{args.split} {src_lang}->{tgt_lang}"
-    if args.limit is not None:
-        if args.limit < 1:
-            raise UserError(f"--limit {args.limit}: score at least 1 sentence")
-        pairs = pairs[: args.limit]
-    sources, refs = [p.source for p in pairs], [p.target for p in pairs]
-    t0 = time.perf_counter()
-    scores, hyps = evaluate_translation(model.eval(), tokenizer, sources, refs, beam=_beam(args))
-    seconds = time.perf_counter() - t0
-    if args.output:
-        Path(args.output).write_text("".join(f"{h}\n" for h in hyps), encoding="utf-8")
-    mode = "greedy" if args.greedy else f"beam {args.beam}, alpha {args.alpha}"
-    print(f"{name}, {len(pairs)} sentences, {mode}: {scores}")
-    print(f"decoding: {seconds:.1f} s, {len(pairs) / seconds:.1f} sentences/s")
-    return 0
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@
 [train]   the TrainConfig fields below
 
 ``RunConfig`` is what training writes into a run's folder and what ``inspect`` and ``explore``
-read back; ``aiayn.train.config.load_run_config`` reads a file into one (it resolves a
+read back; ``aiayn.training.config.load_run_config`` reads a file into one (it resolves a
 preset or an ``init_from`` checkpoint, which needs the layers above this one).
 """
 

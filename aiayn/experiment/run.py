@@ -43,14 +43,14 @@ from aiayn.data.parallel import multi30k
 from aiayn.data.tokenizer import BPETokenizer
 from aiayn.device import matmul_gflops
 from aiayn.errors import NonFiniteLoss, TrainingInterrupted, UserError
-from aiayn.evaluate.translation import evaluate_translation
+from aiayn.evaluation.translation import evaluate_translation
 from aiayn.experiment.spec import Sweep, Variant
 from aiayn.generate.beam import BeamConfig
 from aiayn.inspect.calc import training_flops_per_token, translation_batch_flops
 from aiayn.models import EncoderDecoder
-from aiayn.train.lm import train_lm
-from aiayn.train.loop import FitResult
-from aiayn.train.translate import encode_pairs, load_pairs, train_translation
+from aiayn.training.lm import train_lm
+from aiayn.training.loop import FitResult
+from aiayn.training.translate import encode_pairs, load_pairs, train_translation
 
 RESULT_FILE = "result.json"
 TIMING_FILE = "timing.json"

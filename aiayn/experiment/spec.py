@@ -35,7 +35,7 @@ from typing import Any
 
 from aiayn.config.run import RunConfig
 from aiayn.errors import ConfigError
-from aiayn.train.config import load_run_config
+from aiayn.training.config import load_run_config
 
 # Settings that would give a variant other training data or another amount of it.
 FIXED = (

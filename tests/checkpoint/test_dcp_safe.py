@@ -1,7 +1,7 @@
 """A sharded checkpoint's pickled files run nothing: a canary pickle in ``dcp/.metadata`` of a
 copied checkpoint (the attack: delete the manifest, write the pickle) is refused by ``load``,
 ``generate`` and ``serve`` before it runs, and a real sharded checkpoint still loads and
-resumes (tests/train/test_faults.py resumes them, optimizer state included)."""
+resumes (tests/training/test_faults.py resumes them, optimizer state included)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ RANK = """
 import sys
 import torch.distributed as dist
 from aiayn.checkpoint.run_lock import RunFolderLocked
-from aiayn.train.run import _one_writer
+from aiayn.training.run import _one_writer
 folder, rank, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 url = f"tcp://127.0.0.1:{port}"
 dist.init_process_group("gloo", init_method=url, rank=rank, world_size=2)

@@ -17,7 +17,7 @@ import torch
 
 import aiayn
 from aiayn.errors import DeprecatedSetting
-from aiayn.train.config import load_run_config
+from aiayn.training.config import load_run_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "written_before_config_package"
 # fp32 on another CPU sums the 32- and 64-term products in another order: each step's error is

@@ -17,8 +17,8 @@ import pytest
 from aiayn.data import shards
 from aiayn.data.preprocess import PairFiles, preprocess_parallel, preprocess_text, tokenizer_digest
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, load_tokenizer
-from aiayn.train.config import load_run_config
-from aiayn.train.translate import PlainFiles
+from aiayn.training.config import load_run_config
+from aiayn.training.translate import PlainFiles
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -183,8 +183,8 @@ def test_sides_of_different_lengths_are_named(copy: Path) -> None:
 
 
 def test_a_damaged_folder_stops_training_at_open(copy: Path) -> None:
-    """The open path a translation run takes (aiayn/train/translate.py) names the field."""
-    from aiayn.train.translate import TokenShards
+    """The open path a translation run takes (aiayn/training/translate.py) names the field."""
+    from aiayn.training.translate import TokenShards
 
     edit_array(copy / shards.idx_name("train", "source"), np.int64, lambda o: o.__setitem__(1, -1))
     with pytest.raises(ValueError, match=r"train.source.idx: offset 1 \(-1\) is below offset 0"):

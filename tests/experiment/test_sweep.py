@@ -16,7 +16,7 @@ from aiayn.experiment import collect, load_sweep, markdown_table, run_variant, w
 from aiayn.experiment.run import training_flops
 from aiayn.inspect.calc import translation_batch_flops
 from aiayn.models import build_model
-from aiayn.train.translate import train_translation
+from aiayn.training.translate import train_translation
 from tests.conftest import LM_TEXT, LM_TOML, TRANSLATION_TOML, write_corpus
 
 SWEEP = """
@@ -125,7 +125,7 @@ def test_flops_equal_torch_flop_counter(setup: tuple[Path, Path]) -> None:
 
 def _tokenizer(data: Path, sweep: object) -> object:
     from aiayn.data.tokenizer import BPETokenizer
-    from aiayn.train.translate import load_pairs
+    from aiayn.training.translate import load_pairs
 
     run = sweep.run_config(sweep.variants[0])  # type: ignore[attr-defined]
     pairs = load_pairs(run, data, "train")

@@ -16,8 +16,8 @@ from aiayn.cli import main
 from aiayn.generate.beam import beam_search, greedy_decode
 from aiayn.inspect.calc import translation_batch_flops
 from aiayn.models.rnn import RNNEncoderDecoder
-from aiayn.train.config import load_run_config
-from aiayn.train.translate import train_translation
+from aiayn.training.config import load_run_config
+from aiayn.training.translate import train_translation
 from tests.conftest import TRANSLATION_TOML, write_corpus
 
 # fp32 summed in another order: a 64-term dot moves up to 64 x 2^-24 ~ 4e-6; CPU: <= 1.2e-7

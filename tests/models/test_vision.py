@@ -15,8 +15,8 @@ from aiayn.data.images import load_split
 from aiayn.data.tokenizer import LabelTokenizer, load_tokenizer
 from aiayn.models import build_model
 from aiayn.models.vision import VisionTransformer, patchify
-from aiayn.train.config import load_run_config
-from aiayn.train.vision import train_vision
+from aiayn.training.config import load_run_config
+from aiayn.training.vision import train_vision
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vit_digits.toml"
 SMALL = {

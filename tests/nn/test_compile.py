@@ -1,5 +1,5 @@
 """torch.compile sees each block of a training forward pass as one graph, with no graph
-breaks (``train.compile = true`` compiles the model, aiayn/train/loop.py; the input checks
+breaks (``train.compile = true`` compiles the model, aiayn/training/loop.py; the input checks
 and the fused loss outside the blocks are left to eager mode)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 generation until a stop string -- scored through ``local-completions`` (token-id prompts in
 batches, ``echo``, ``logprobs``, the server's own tokenizer through ``/tokenize``), and by
 lm-eval's own ``hf`` model on the same GPT-2 folder with transformers, and in process by
-``aiayn evaluate --lm-eval`` (aiayn/evaluate/lm_eval.py).  The scores agree:
+``aiayn evaluate --lm-eval`` (aiayn/evaluation/lm_eval.py).  The scores agree:
 accuracy and exact match equal, perplexities within 1e-4 relative (fp32 sums of the same
 log-probabilities, computed by two implementations)."""
 

@@ -1,4 +1,4 @@
-"""Run configs (aiayn/train/config.py): the [model] table and ``model.*`` overrides name a
+"""Run configs (aiayn/training/config.py): the [model] table and ``model.*`` overrides name a
 setting in any spelling -- a field, a sub-config's table, dotted, or the flat name of older
 configs -- and an override wins over the file."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import aiayn
 from aiayn.config import AttentionConfig
 from aiayn.errors import DeprecatedSetting
-from aiayn.train.config import load_run_config
+from aiayn.training.config import load_run_config
 
 
 def _write(tmp_path: Path, model: str) -> Path:

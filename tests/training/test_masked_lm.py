@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from aiayn.checkpoint import load
 from aiayn.cli import main
 from aiayn.nn.context import Record
-from aiayn.train.config import load_run_config
-from aiayn.train.masked_lm import IGNORE, MaskedLMTask, mask_tokens, train_masked_lm
+from aiayn.training.config import load_run_config
+from aiayn.training.masked_lm import IGNORE, MaskedLMTask, mask_tokens, train_masked_lm
 from tests.interop.support import bert_config, perturb, wordpiece
 
 TEXT = "Ein Hund läuft über die Wiese. A dog runs across the meadow. Le chien court.\n" * 40

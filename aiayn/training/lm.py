@@ -1,7 +1,7 @@
 """Training a decoder-only language model: the modern recipe, on the shared loop.
 
 AdamW with decay on matrices only, linear warm-up then cosine decay, gradient clipping,
-optional bf16 autocast and ``torch.compile`` (see aiayn/train/loop.py for the loop itself,
+optional bf16 autocast and ``torch.compile`` (see aiayn/training/loop.py for the loop itself,
 its checkpoints and its multi-process behaviour).
 """
 
@@ -19,11 +19,11 @@ from aiayn.data.preprocess import tokenizer_digest
 from aiayn.data.shards import TOKENIZER_FILE, open_text
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
 from aiayn.errors import UserError
-from aiayn.evaluate.perplexity import evaluate_lm, lm_loss
+from aiayn.evaluation.perplexity import evaluate_lm, lm_loss
 from aiayn.models import DecoderLM, TransformerModel, build_model
 from aiayn.nn.context import Record
-from aiayn.train.loop import FitResult
-from aiayn.train.run import train_run
+from aiayn.training.loop import FitResult
+from aiayn.training.run import train_run
 
 
 class LMTask:

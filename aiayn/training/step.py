@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from aiayn.config.run import TrainConfig
 from aiayn.nn.context import Record
-from aiayn.train.task import Task
+from aiayn.training.task import Task
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from aiayn.evaluate.translation import score
+from aiayn.evaluation.translation import score
 
 HYPS = ["the cat sat on the mat", "a dog runs in the park today", "two men walk"]
 REFS = ["the cat sat on a mat", "a dog is running in the park", "two men are walking home"]
@@ -162,8 +162,8 @@ def test_evaluate_prints_what_sacrebleu_gives_for_its_hypotheses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from aiayn.cli import main
-    from aiayn.train.config import load_run_config
-    from aiayn.train.translate import train_translation
+    from aiayn.training.config import load_run_config
+    from aiayn.training.translate import train_translation
     from tests.conftest import TRANSLATION_TOML, write_corpus
 
     write_corpus(tmp_path / "data")

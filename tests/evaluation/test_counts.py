@@ -7,7 +7,7 @@ import torch
 
 import aiayn
 from aiayn.data.tokenizer import BPETokenizer
-from aiayn.evaluate.perplexity import evaluate_lm
+from aiayn.evaluation.perplexity import evaluate_lm
 from aiayn.generate.translate import translate
 
 

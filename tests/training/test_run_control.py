@@ -10,9 +10,9 @@ import pytest
 from aiayn.checkpoint import RunDir
 from aiayn.cli import main
 from aiayn.config.run import DataConfig, TrainConfig
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import train_lm
-from aiayn.train.policy import snapshot_steps
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import train_lm
+from aiayn.training.policy import snapshot_steps
 
 TOML = """
 [model]

@@ -3,7 +3,7 @@
     python fault_driver.py [--kill-at POINT] [--no-exchange] -- <aiayn train arguments>
 
 or, without a new interpreter's start-up, :func:`run_child` in a process forked from one that
-imported this module (multiprocessing's forkserver, tests/train/test_faults.py).
+imported this module (multiprocessing's forkserver, tests/training/test_faults.py).
 
 Prints "ready" (flushed) when the first training step starts, so that the parent can send a
 signal from there.  With ``--kill-at`` the process kills itself with SIGKILL at a point named
@@ -36,7 +36,7 @@ import torch.distributed.checkpoint.filesystem as dcp_fs
 
 from aiayn import atomic
 from aiayn.cli import main
-from aiayn.train.step import TrainStep
+from aiayn.training.step import TrainStep
 
 MID_SHARD_ITEM = 3  # the kill comes after this many tensors of the shard are written
 

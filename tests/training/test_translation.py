@@ -10,9 +10,9 @@ import torch
 
 import aiayn
 from aiayn.cli import main
-from aiayn.train.average import average_checkpoints
-from aiayn.train.config import load_run_config
-from aiayn.train.translate import train_translation
+from aiayn.training.average import average_checkpoints
+from aiayn.training.config import load_run_config
+from aiayn.training.translate import train_translation
 from tests.conftest import TRANSLATION_TOML, free_port, write_corpus
 
 
@@ -233,7 +233,7 @@ def test_each_rank_reads_only_the_tokens_of_its_own_batches(corpus: tuple[Path, 
     import numpy as np
 
     from aiayn.data.shards import Sequences
-    from aiayn.train.translate import TokenShards, TranslationTask
+    from aiayn.training.translate import TokenShards, TranslationTask
 
     data, cfg = corpus
     shards_of(cfg, data)
@@ -285,7 +285,13 @@ def test_batches_read_from_token_sequences_are_the_collated_examples(
     EOS, right-padded, for every batch of an epoch."""
     import numpy as np
 
-    from aiayn.train.translate import PlainFiles, collate, collate_split, encode_pairs, load_pairs
+    from aiayn.training.translate import (
+        PlainFiles,
+        collate,
+        collate_split,
+        encode_pairs,
+        load_pairs,
+    )
 
     data, cfg = corpus
     run = load_run_config(cfg)

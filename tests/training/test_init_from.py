@@ -15,8 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import aiayn
 from aiayn.checkpoint import load
 from aiayn.cli import main
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import initial_model, train_lm
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import initial_model, train_lm
 
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind.\n" * 30
 TOML = """

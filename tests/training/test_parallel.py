@@ -13,8 +13,8 @@ import torch
 
 from aiayn.checkpoint import RunDir
 from aiayn.cli import main
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import train_lm
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import train_lm
 from tests.conftest import LM_TEXT, LM_TOML, free_port
 
 

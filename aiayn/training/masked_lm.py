@@ -27,9 +27,9 @@ from aiayn.errors import UserError
 from aiayn.generate.encoder import mask_id
 from aiayn.models import EncoderLM, TransformerModel
 from aiayn.nn.context import Record
-from aiayn.train.lm import initial_model, lm_corpus
-from aiayn.train.loop import FitResult
-from aiayn.train.run import train_run
+from aiayn.training.lm import initial_model, lm_corpus
+from aiayn.training.loop import FitResult
+from aiayn.training.run import train_run
 
 MASK_RATE, AS_MASK, AS_RANDOM = 0.15, 0.8, 0.1
 IGNORE = -100  # the label of a position that is not predicted

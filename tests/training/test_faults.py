@@ -39,9 +39,9 @@ from aiayn.checkpoint import RunDir, load
 from aiayn.checkpoint.run_dir import step_dir_name
 from aiayn.cli import main
 from aiayn.errors import NonFiniteLoss
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import LMTask, train_lm
-from tests.train import fault_driver
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import LMTask, train_lm
+from tests.training import fault_driver
 
 DRIVER = Path(__file__).with_name("fault_driver.py")
 STEPS = 36  # every kill point is drawn in advance: no need for a long run
@@ -162,7 +162,7 @@ def train_args(root: Path, out: str, extra: list[str]) -> list[str]:
 # Killed runs are children forked from a server that imported torch and aiayn once (not new
 # interpreters): each costs its training, not a second or more of imports.
 FORKS = multiprocessing.get_context("forkserver")
-FORKS.set_forkserver_preload(["tests.train.fault_driver"])
+FORKS.set_forkserver_preload(["tests.training.fault_driver"])
 
 
 @dataclass
@@ -208,7 +208,7 @@ def killed_at(root: Path, out: str, point: str, extra: list[str], more: Sequence
 
 
 def repairs(run: Path, stderr: str) -> list[str]:
-    """The notes of the resumed run's repair of its folder (aiayn/train/loop.py)."""
+    """The notes of the resumed run's repair of its folder (aiayn/training/loop.py)."""
     prefix = f"{run}: "
     return [line[len(prefix) :] for line in stderr.splitlines() if line.startswith(prefix)]
 

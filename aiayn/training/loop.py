@@ -3,16 +3,16 @@
 A ``Task`` supplies batches, the loss of a batch, a validation loss and
 its data position.  The loop puts the pieces together: ``open_run`` checks and repairs the
 run folder and loads what a resumed run continues from; a ``Trainer`` (built and run
-by ``fit``) runs the steps (aiayn/train/step.py), logs them (aiayn/train/logger.py), and
-writes checkpoints and snapshots when aiayn/train/policy.py says so, into the run folder of
+by ``fit``) runs the steps (aiayn/training/step.py), logs them (aiayn/training/logger.py), and
+writes checkpoints and snapshots when aiayn/training/policy.py says so, into the run folder of
 aiayn/checkpoint/run_dir.py.  A run killed at any instant and resumed continues with the same
 batches, dropout masks and learning rates as one that never stopped, and ends with the same
-weights, bit for bit (tests/train/test_faults.py).
+weights, bit for bit (tests/training/test_faults.py).
 
 Devices and precision: ``train.device`` (a GPU when there is one, by default) holds the model,
 its optimizer state and the batches; ``train.dtype`` sets autocast (bf16, or fp16 with a
 gradient scaler).  Several processes: launched by ``torchrun``, the loop wraps the model in
-DistributedDataParallel or shards it with FSDP2 (aiayn/train/parallel.py; gloo on CPU, nccl
+DistributedDataParallel or shards it with FSDP2 (aiayn/training/parallel.py; gloo on CPU, nccl
 on GPU).  Every step draws ``world × grad_accum`` micro-batches from the same data order on
 every rank, and rank r takes its share, so two processes with ``grad_accum = a`` compute
 exactly the step that one process computes with ``grad_accum = 2a``.  Only rank 0 writes logs;
@@ -42,9 +42,9 @@ from aiayn.device import resolve_device, resolve_dtype
 from aiayn.errors import NonFiniteLoss, TrainingInterrupted, UserError
 from aiayn.models import TransformerModel
 from aiayn.nn import cpu_kernels
-from aiayn.train.logger import RunLogger
-from aiayn.train.optim import build_adamw
-from aiayn.train.parallel import (
+from aiayn.training.logger import RunLogger
+from aiayn.training.optim import build_adamw
+from aiayn.training.parallel import (
     is_sharded,
     load_optimizer_state,
     local_device,
@@ -52,14 +52,14 @@ from aiayn.train.parallel import (
     saveable_model,
     wrap,
 )
-from aiayn.train.policy import (
+from aiayn.training.policy import (
     CheckpointPolicy,
     StopRequest,
     stop_on_signals,
 )
-from aiayn.train.schedule import lr_schedule
-from aiayn.train.step import StepOutcome, TrainStep
-from aiayn.train.task import Task
+from aiayn.training.schedule import lr_schedule
+from aiayn.training.step import StepOutcome, TrainStep
+from aiayn.training.task import Task
 
 MAX_SKIPPED_IN_A_ROW = 10  # with on_nonfinite = "skip": this many in a row means divergence
 
@@ -270,7 +270,7 @@ class Trainer:
 
         The order of a step's work below -- the update, the stop flags, evaluation, the log
         row, the checkpoint, the snapshot, then stopping -- is the crash-safety contract of a
-        run (tests/train/test_faults.py), kept in one place."""
+        run (tests/training/test_faults.py), kept in one place."""
         end, policy = self.end, self.policy
         self.t0 = time.perf_counter()
         try:

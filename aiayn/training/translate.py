@@ -32,11 +32,11 @@ from aiayn.data.shards import (
 )
 from aiayn.data.tokenizer import BPETokenizer, Tokenizer, load_tokenizer
 from aiayn.errors import UserError
-from aiayn.evaluate.perplexity import translation_loss
+from aiayn.evaluation.perplexity import translation_loss
 from aiayn.models import EncoderDecoder, TransformerModel, build_model
 from aiayn.nn.context import Record
-from aiayn.train.loop import FitResult
-from aiayn.train.run import train_run
+from aiayn.training.loop import FitResult
+from aiayn.training.run import train_run
 
 Example = tuple[list[int], list[int]]  # source ids + EOS; BOS + target ids + EOS
 

@@ -15,7 +15,7 @@ CPU copy (safetensors, like any saved model) and the optimizer moments into one 
 by parameter name.  A sharded one (``train.checkpoint_format``, by default whenever the model
 is sharded) has every rank write its own shard through torch.distributed.checkpoint
 (aiayn/checkpoint/sharded.py), so that nothing is gathered.  Either resumes on a different
-number of processes, another device, or with the other strategy (tests/train/test_parallel.py
+number of processes, another device, or with the other strategy (tests/training/test_parallel.py
 resumes a 2-process sharded FSDP run on one process and a 1-process run on two).
 """
 

@@ -7,7 +7,7 @@ tiny model N steps in one go and, separately, k steps (the loop's planned stop,
 (``torch.equal``, not a tolerance), equal optimizer moments, RNG, data position and gradient
 scaler, and the same per-step losses and learning rates.  Dropout is on wherever the model has
 it, so that a lost RNG state shows.  The cases cover what the character-level LM of
-tests/train/test_faults.py does not: translation with token-count batches stopped on and just
+tests/training/test_faults.py does not: translation with token-count batches stopped on and just
 past an epoch boundary, the Vision Transformer across an epoch, the recurrent encoder-decoder,
 and bf16 and fp16 autocast (fp16 with its GradScaler, whose scale must have moved).
 
@@ -33,11 +33,11 @@ from aiayn.cli import main
 from aiayn.config.run import RunConfig
 from aiayn.data.batching import token_batches
 from aiayn.data.tokenizer import BPETokenizer
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import train_lm
-from aiayn.train.loop import FitResult
-from aiayn.train.translate import encode_pairs, load_pairs, train_translation
-from aiayn.train.vision import train_vision
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import train_lm
+from aiayn.training.loop import FitResult
+from aiayn.training.translate import encode_pairs, load_pairs, train_translation
+from aiayn.training.vision import train_vision
 from tests.conftest import LM_TEXT, TRANSLATION_TOML, write_corpus
 
 Train = Callable[..., FitResult]  # train_lm, train_translation, train_vision
@@ -111,7 +111,7 @@ def lm_case(root: Path, dtype: str = "float32") -> tuple[RunConfig, Path]:
 
 
 def translation_case(root: Path, rnn: str | None = None, steps: int = 10) -> tuple[RunConfig, Path]:
-    """The encoder-decoder (or a recurrent one) of tests/train/test_translation.py, with
+    """The encoder-decoder (or a recurrent one) of tests/training/test_translation.py, with
     dropout and token-count batches of 128 tokens, for ``steps`` steps."""
     write_corpus(root / "data")
     toml = TRANSLATION_TOML

@@ -1,7 +1,7 @@
 """A training run from its config, the skeleton every task shares: ``train_run`` holds the
 run folder's writer lock and the run's threads, opens or resumes the run (checking a resumed
 run's model against the one configured), builds the model and tokenizer if new, makes the
-task and calls ``fit`` (aiayn/train/loop.py)."""
+task and calls ``fit`` (aiayn/training/loop.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from aiayn.config.run import RunConfig
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
 from aiayn.models import DecoderLM, EncoderLM, TransformerModel
-from aiayn.train.loop import FitResult, fit, open_run, world_info
-from aiayn.train.task import Task
+from aiayn.training.loop import FitResult, fit, open_run, world_info
+from aiayn.training.task import Task
 
 FROM_DATA = (
     "vocab_size",

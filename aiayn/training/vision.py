@@ -22,8 +22,8 @@ from aiayn.errors import UserError
 from aiayn.models import TransformerModel, build_model
 from aiayn.models.vision import VisionTransformer
 from aiayn.nn.context import Record
-from aiayn.train.loop import FitResult
-from aiayn.train.run import train_run
+from aiayn.training.loop import FitResult
+from aiayn.training.run import train_run
 
 
 def split_for(run: RunConfig) -> ImageSplit:

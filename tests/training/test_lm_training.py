@@ -9,10 +9,10 @@ import torch
 
 from aiayn.checkpoint import RunDir, load
 from aiayn.nn import matmul_attention
-from aiayn.train.config import load_run_config
-from aiayn.train.lm import train_lm
-from aiayn.train.optim import build_adamw
-from aiayn.train.schedule import cosine_schedule, paper_schedule
+from aiayn.training.config import load_run_config
+from aiayn.training.lm import train_lm
+from aiayn.training.optim import build_adamw
+from aiayn.training.schedule import cosine_schedule, paper_schedule
 from tests.conftest import LM_TEXT, LM_TOML
 
 

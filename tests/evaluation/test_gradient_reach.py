@@ -8,7 +8,7 @@ import math
 import torch
 
 import aiayn
-from aiayn.evaluate.gradient_reach import gradient_by_distance
+from aiayn.evaluation.gradient_reach import gradient_by_distance
 from aiayn.models import EncoderDecoder
 
 SMALL = {

@@ -1,8 +1,8 @@
-"""``aiayn.run_training``: a training run from its config, whatever the model -- the library
+"""``aiayn.train``: a training run from its config, whatever the model -- the library
 call that ``aiayn train`` makes.
 
 >>> import aiayn
->>> result = aiayn.run_training("configs/shakespeare_char.toml", "runs/shakespeare_char")
+>>> result = aiayn.train("configs/shakespeare_char.toml", "runs/shakespeare_char")
 >>> result.val_loss, result.checkpoint
 
 The model's architecture picks the task: a decoder trains as a language model, an
@@ -24,16 +24,16 @@ import torch.distributed as dist
 from aiayn.config.run import RunConfig
 from aiayn.data.files import data_dir
 from aiayn.errors import ConfigError
-from aiayn.train.config import load_run_config
-from aiayn.train.loop import FitResult
+from aiayn.training.config import load_run_config
+from aiayn.training.loop import FitResult
 
 
 def _trainer(run: RunConfig) -> Callable[..., FitResult]:
     """The task's training function for ``run``'s model."""
-    from aiayn.train.lm import train_lm
-    from aiayn.train.masked_lm import train_masked_lm
-    from aiayn.train.translate import train_translation
-    from aiayn.train.vision import train_vision
+    from aiayn.training.lm import train_lm
+    from aiayn.training.masked_lm import train_masked_lm
+    from aiayn.training.translate import train_translation
+    from aiayn.training.vision import train_vision
 
     if run.model.vision.image_size is not None:
         return train_vision
@@ -47,7 +47,7 @@ def _trainer(run: RunConfig) -> Callable[..., FitResult]:
     return trainers[run.model.arch]
 
 
-def run_training(
+def train(
     config: str | os.PathLike[str] | RunConfig,
     out: str | os.PathLike[str],
     *,
@@ -67,11 +67,11 @@ def run_training(
         run = config
     else:
         run = load_run_config(Path(config), dict(overrides or {}))
-    train = _trainer(run)
+    fit = _trainer(run)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # torchrun
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        return train(run, out, data_dir(data), resume=resume, overwrite=overwrite)
+        return fit(run, out, data_dir(data), resume=resume, overwrite=overwrite)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
