@@ -238,12 +238,6 @@ def sdpa_backend(
     return (out if dead is None else out.masked_fill(dead, 0.0)), None
 
 
-def register_backend(name: str, fn: Backend) -> None:
-    """Add an attention backend under ``name`` (a ``Backend``: ``fn(q, k, v, call)``);
-    models then accept ``attention.backend = name``."""
-    registry.register("attention_backend", name, fn)
-
-
 def backend(name: str) -> Backend:
     """The backend registered as ``name``."""
     fn: Backend = registry.resolve("attention_backend", name)
