@@ -115,7 +115,6 @@ class _Contexts:
         return self.model(window, attention_mask=mask, cache=cache)[:, -1], cache
 
 
-@torch.no_grad()
 def _seen(ids: Tensor, real: Tensor, vocab_size: int) -> Tensor:
     """(B, V): which tokens each row's prompt holds, for the repetition penalty."""
     seen = torch.zeros(ids.shape[0], vocab_size, dtype=torch.bool, device=ids.device)
@@ -154,6 +153,7 @@ def _step(
     return contexts.feed(nxt, cache)
 
 
+@torch.no_grad()
 def stream(
     model: DecoderLM,
     prompts: Sequence[Sequence[int]],

@@ -189,3 +189,20 @@ def test_generation_slides_past_max_len_like_nanogpt() -> None:
     long = generate(model, prompts[:2], max_new_tokens=70, sampling=greedy)
     for prompt, row in zip(prompts[:2], long, strict=True):
         assert row == sliding_reference(model, prompt, 70)
+
+
+@pytest.mark.parametrize("how", ["generate", "stream"])
+def test_decoding_records_no_autograd_graph(how: str) -> None:
+    """Generation runs without gradients: with them, every step keeps a graph alive and
+    training's attention kernel (with its own backward) replaces the inference one."""
+    from aiayn.generate.lm import stream
+
+    model = small()
+    grad_during_forward: list[bool] = []
+    model.register_forward_hook(lambda *_: grad_during_forward.append(torch.is_grad_enabled()))
+    greedy = SamplingConfig(temperature=0)
+    if how == "generate":
+        generate(model, [[1, 2, 3]], max_new_tokens=3, sampling=greedy)
+    else:
+        list(stream(model, [[1, 2, 3]], max_new_tokens=3, sampling=greedy))
+    assert grad_during_forward and not any(grad_during_forward)
