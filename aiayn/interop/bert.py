@@ -93,20 +93,31 @@ def _bert_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     c = config
     want = "ModelConfig (for BERT)"
     check_settings(
-        want, c, {"arch": ("encoder",), "positions.scheme": ("learned",), "norm": ("layernorm",)}
-    )
-    check_settings(
         want,
         c,
-        {"norm_position": ("post",), "ffn.activation": tuple(_ACTIVATIONS_BACK), "bias": (True,)},
+        {
+            "arch": ("encoder",),
+            "positions.scheme": ("learned",),
+            "norm": ("layernorm",),
+            "norm_position": ("post",),
+            "ffn.activation": tuple(_ACTIVATIONS_BACK),
+            "bias": (True,),
+        },
     )
     heads = c.attention.n_heads
     check_settings(
-        want, c, {"scale_embeddings": (False,), "kv_heads": (heads,), "embedding_norm": (True,)}
-    )
-    check_settings(want, c, {"head_dim": (c.d_model // heads,), "attention.score": ("dot",)})
-    check_settings(
-        want, c, {"attention.scale": (True,), "residual": (True,), "ffn.n_experts": (None,)}
+        want,
+        c,
+        {
+            "scale_embeddings": (False,),
+            "kv_heads": (heads,),
+            "embedding_norm": (True,),
+            "head_dim": (c.d_model // heads,),
+            "attention.score": ("dot",),
+            "attention.scale": (True,),
+            "residual": (True,),
+            "ffn.n_experts": (None,),
+        },
     )
     return import_transformers().BertConfig(
         vocab_size=c.vocab_size,

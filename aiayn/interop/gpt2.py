@@ -77,17 +77,22 @@ def _gpt2_config(config: ModelConfig, attn_implementation: str | None) -> Any:
     c = config
     want = "ModelConfig (for GPT-2)"
     check_settings(
-        want, c, {"arch": ("decoder",), "positions.scheme": ("learned",), "norm": ("layernorm",)}
-    )
-    check_settings(
-        want, c, {"norm_position": ("pre",), "ffn.activation": tuple(_GPT2_ACTIVATIONS_BACK)}
-    )
-    check_settings(
-        want, c, {"bias": (True,), "scale_embeddings": (False,), "kv_heads": (c.attention.n_heads,)}
-    )
-    check_settings(want, c, {"head_dim": (c.d_model // c.attention.n_heads,)})
-    check_settings(
-        want, c, {"attention.score": ("dot",), "attention.scale": (True,), "residual": (True,)}
+        want,
+        c,
+        {
+            "arch": ("decoder",),
+            "positions.scheme": ("learned",),
+            "norm": ("layernorm",),
+            "norm_position": ("pre",),
+            "ffn.activation": tuple(_GPT2_ACTIVATIONS_BACK),
+            "bias": (True,),
+            "scale_embeddings": (False,),
+            "kv_heads": (c.attention.n_heads,),
+            "head_dim": (c.d_model // c.attention.n_heads,),
+            "attention.score": ("dot",),
+            "attention.scale": (True,),
+            "residual": (True,),
+        },
     )
     # GPT-2's default special token 50256 only exists in its own vocabulary.
     special = {} if c.vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None}

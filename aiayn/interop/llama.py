@@ -155,16 +155,25 @@ def _llama_config(
     c = config
     want = f"ModelConfig (for {variant.name})"
     check_settings(
-        want, c, {"arch": ("decoder",), "positions.scheme": ("rope",), "norm": ("rmsnorm",)}
+        want,
+        c,
+        {
+            "arch": ("decoder",),
+            "positions.scheme": ("rope",),
+            "norm": ("rmsnorm",),
+            "norm_position": ("pre",),
+            "ffn.activation": ("swiglu",),
+            "bias": (False,),
+            "scale_embeddings": (False,),
+            "attention.score": ("dot",),
+            "attention.scale": (True,),
+            "residual": (True,),
+            "mixer.kind": ("attention",),
+            "projection_bias": (variant.qkv_bias,),
+            "ffn.n_experts": (c.ffn.n_experts,) if variant.experts else (None,),
+            "ffn.capacity_factor": (None,),  # HF computes every assignment
+        },
     )
-    check_settings(want, c, {"norm_position": ("pre",), "ffn.activation": ("swiglu",)})
-    check_settings(want, c, {"bias": (False,), "scale_embeddings": (False,)})
-    check_settings(
-        want, c, {"attention.score": ("dot",), "attention.scale": (True,), "residual": (True,)}
-    )
-    check_settings(want, c, {"mixer.kind": ("attention",), "projection_bias": (variant.qkv_bias,)})
-    check_settings(want, c, {"ffn.n_experts": (c.ffn.n_experts,) if variant.experts else (None,)})
-    check_settings(want, c, {"ffn.capacity_factor": (None,)})  # HF computes every assignment
     if variant.window == "never":
         check_settings(want, c, {"attention.sliding_window": (None,)})
     p = c.positions

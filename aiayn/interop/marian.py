@@ -111,23 +111,24 @@ def seq2seq_fields(config: ModelConfig, family: str, activations: dict[str, str]
     check_settings(
         want,
         c,
-        {"arch": ("encoder-decoder",), "positions.scheme": ("learned",), "norm": ("layernorm",)},
+        {
+            "arch": ("encoder-decoder",),
+            "positions.scheme": ("learned",),
+            "norm": ("layernorm",),
+            "norm_position": ("post",),
+            "ffn.activation": tuple(activations),
+            "bias": (True,),
+            "tie_embeddings": (True,),
+            "head_bias": (True,),
+            "kv_heads": (c.attention.n_heads,),
+            "head_dim": (c.d_model // c.attention.n_heads,),
+            "attention.score": ("dot",),
+            "attention.scale": (True,),
+            "residual": (True,),
+            "ffn.n_experts": (None,),
+            "src_vocab_size": (None, c.vocab_size),
+        },
     )
-    check_settings(
-        want, c, {"norm_position": ("post",), "ffn.activation": tuple(activations), "bias": (True,)}
-    )
-    check_settings(
-        want,
-        c,
-        {"tie_embeddings": (True,), "head_bias": (True,), "kv_heads": (c.attention.n_heads,)},
-    )
-    check_settings(
-        want, c, {"head_dim": (c.d_model // c.attention.n_heads,), "attention.score": ("dot",)}
-    )
-    check_settings(
-        want, c, {"attention.scale": (True,), "residual": (True,), "ffn.n_experts": (None,)}
-    )
-    check_settings(want, c, {"src_vocab_size": (None, c.vocab_size)})
     return {
         "vocab_size": c.vocab_size,
         "d_model": c.d_model,
