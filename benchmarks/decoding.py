@@ -1,12 +1,14 @@
 """Greedy decoding, eager against captured, and against CTranslate2, at 1 and 2 threads.
 
     python benchmarks/decoding.py [--rounds 3] [--new-tokens 64] [--batches 1 8]
-                                  [--shapes gpt2-small marian-small] [--no-ct2] [--no-profile]
+                                  [--shapes gpt2-small marian-small] [--marian-batches 1 64]
+                                  [--no-ct2] [--no-profile]
                                   [--json ...]
 
 Hugging Face folders of random weights (benchmarks/engines.py) -- GPT-2 (greedy, 32-token
-prompts) and Marian-small (``--shapes marian-small``: beam 4, alpha 0.6, 16-token sources, 8
-batches) -- are decoded by:
+prompts) and Marian-small (``--shapes marian-small``: beam 4, alpha 0.6, 16-token sources, at
+``--marian-batches`` sentences a batch, 8 sentences or one batch, whichever is more) -- are
+decoded by:
 
 * aiayn, eager (``compile="off"``) and with its captured step (``compile="on"``:
   aiayn/generate/captured.py), fp32 and int8 weights;
@@ -20,10 +22,12 @@ inductor's disk cache) is timed separately as ``capture_s``.  Ratios are stated 
 count against best thread count, and the thread count aiayn's ``--threads auto`` picks
 (aiayn/generate/threads.py) is printed beside them.
 
-A profile (skipped with ``--no-profile``) then splits one batch-1 int8 step of each aiayn mode
-into time inside the matrix products (fbgemm's int8 kernel) and time outside them, with
-PyTorch's profiler, in this process.  (The eager fp32 step's one-row products run in numpy's
-BLAS, which the profiler does not see, so fp32 is not split.)  The host's matmul rate and CPU flags are printed
+A profile (skipped with ``--no-profile``) then splits batch-1 decoding of each aiayn mode
+into time inside the matrix products (fbgemm's int8 kernel, oneDNN's or MKL's fp32 one) and
+time outside them, with PyTorch's profiler, in this process: a GPT-2 int8 step, and a whole
+Marian beam search (encoder, steps and beam bookkeeping, fp32 and int8).  (The eager GPT-2
+fp32 step's one-row products run in numpy's BLAS, which the profiler does not see, so it is
+not split; beam 4 has four rows, which never go there.)  The host's matmul rate and CPU flags are printed
 first; the results go to JSON (default benchmarks/results/decoding.json).
 """
 
@@ -49,6 +53,7 @@ from engines import (
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 
 import aiayn
+from aiayn.atomic import write_atomically
 from aiayn.device import cpu_flags
 from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.beam import BeamConfig, beam_search
@@ -109,12 +114,17 @@ def _ct2_runner(case: dict[str, Any], folder: Path) -> Any:
 
 MARIAN_V = MARIAN_SMALL["vocab_size"]
 SOURCE, OUT, SENTENCES = 16, 40, 8  # Marian: source tokens (then </s>), output tokens (EOS
-# forbidden), batches translated
+# forbidden), sentences translated (at least)
+
+
+def _sentences(batch: int) -> int:
+    """Sentences a Marian case translates: SENTENCES, or one batch where a batch is larger."""
+    return max(SENTENCES, batch)
 
 
 def _sources(case: dict[str, Any]) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
-    src = torch.randint(2, MARIAN_V - 1, (SENTENCES * case["batch"], SOURCE), generator=gen)
+    src = torch.randint(2, MARIAN_V - 1, (_sentences(case["batch"]), SOURCE), generator=gen)
     src = torch.cat([src, torch.zeros(len(src), 1, dtype=torch.long)], dim=1)  # then </s>
     return list(src.split(case["batch"]))
 
@@ -180,7 +190,7 @@ def _timed(run: Any, tokens: int) -> dict[str, Any]:
 
 def measure(case: dict[str, Any]) -> dict[str, Any]:
     if case["shape"] == "marian-small":
-        return _timed(_marian_runner(case), SENTENCES * case["batch"] * OUT)
+        return _timed(_marian_runner(case), _sentences(case["batch"]) * OUT)
     folder = gpt2_folder(ROOT, SHAPES[case["shape"]])
     run = _ct2_runner(case, folder) if case["engine"] == "ct2" else _aiayn_runner(case, folder)
     start = time.perf_counter()
@@ -195,7 +205,7 @@ def measure(case: dict[str, Any]) -> dict[str, Any]:
 def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for shape in args.shapes:
-        for batch in [1] if shape == "marian-small" else args.batches:  # Marian: batch 1
+        for batch in args.marian_batches if shape == "marian-small" else args.batches:
             for precision in ("fp32", "int8"):
                 engines = [("aiayn", "off"), ("aiayn", "on")] + (
                     [] if args.no_ct2 else [("ct2", "")]
@@ -277,28 +287,52 @@ def print_table(table: dict[str, Any]) -> None:
                 print(f"  {k}: {v:.2f}x")
 
 
+PRODUCTS = (
+    "quantized::linear_dynamic",
+    "aten::addmm",
+    "aten::mm",
+    "aten::linear",
+    "mkldnn::_linear_pointwise",
+    "aten::bmm",
+)
+
+
+def _split(run: Any, steps: int) -> dict[str, float]:
+    """ms per step of ``run`` (which makes ``steps`` steps): wall time, time in the matrix
+    products by PyTorch's profiler (their own time, ``PRODUCTS``), and the rest."""
+    run()  # warm
+    start = time.perf_counter()
+    run()
+    wall = 1e3 * (time.perf_counter() - start) / steps
+    with torch.profiler.profile() as prof:
+        run()
+    inside = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in PRODUCTS)
+    inside_ms = inside / steps / 1e3
+    return {
+        "step_ms": wall,
+        "products_ms": inside_ms,
+        "outside_ms": wall - inside_ms,
+        "outside_share": 1 - inside_ms / wall,
+    }
+
+
+def _loaded(folder: Path, precision: str) -> Any:
+    quantize = "int8" if precision == "int8" else None
+    return apply_precision(
+        aiayn.load(folder).model, torch.device("cpu"), Precision(quantize=quantize)
+    ).eval()
+
+
 def profile_step(shape: str, precision: str, threads: int) -> dict[str, dict[str, float]]:
-    """ms per batch-1 step in the matrix products and outside them, eager and captured."""
+    """ms per batch-1 GPT-2 step in the matrix products and outside them, eager and captured."""
     from aiayn.generate.captured import captured_step
     from aiayn.nn.cpu_decoding import for_decoding
 
     torch.set_num_threads(threads)
-    folder = gpt2_folder(ROOT, SHAPES[shape])
-    quantize = "int8" if precision == "int8" else None
-    model = apply_precision(
-        aiayn.load(folder).model, torch.device("cpu"), Precision(quantize=quantize)
-    )
+    model = _loaded(gpt2_folder(ROOT, SHAPES[shape]), precision)
     ids = torch.tensor(_prompts({"shape": shape, "batch": 1}))
-    products = (
-        "quantized::linear_dynamic",
-        "aten::addmm",
-        "aten::mm",
-        "aten::linear",
-        "mkldnn::_linear_pointwise",
-        "aten::bmm",
-    )
-    out = {}
-    with torch.no_grad(), for_decoding(model.eval(), 1):
+    out, steps = {}, 20
+    with torch.no_grad(), for_decoding(model, 1):
         for mode in ("eager", "captured"):
             static = mode == "captured"
             cache = model.new_static_cache(1, 128) if static else model.new_cache(1, 128)
@@ -307,25 +341,45 @@ def profile_step(shape: str, precision: str, threads: int) -> dict[str, dict[str
             model(ids, cache=cache)
             nxt = ids[:, -1:]
             step = captured_step(model) if static else (lambda t, c: model(t, cache=c))
-            for _ in range(3):
-                step(nxt, cache)
-            steps = 20
-            start = time.perf_counter()
-            for _ in range(steps):
-                step(nxt, cache)
-            wall = (time.perf_counter() - start) / steps
-            with torch.profiler.profile() as prof:
+
+            def run(step: Any = step, cache: Any = cache, nxt: Any = nxt) -> None:
                 for _ in range(steps):
                     step(nxt, cache)
-            inside = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in products)
-            inside_ms = inside / steps / 1e3
-            out[mode] = {
-                "step_ms": 1e3 * wall,
-                "products_ms": inside_ms,
-                "outside_ms": 1e3 * wall - inside_ms,
-                "outside_share": 1 - inside_ms / (1e3 * wall),
-            }
+
+            out[mode] = _split(run, steps)
     return out
+
+
+def profile_marian(precision: str, threads: int) -> dict[str, dict[str, float]]:
+    """ms per step of Marian-small beam 4 at batch 1, whole searches (encoder, steps and beam
+    bookkeeping) split into the matrix products and the rest, eager and captured."""
+    torch.set_num_threads(threads)
+    model = _loaded(marian_folder(ROOT), precision)
+    chunks = _sources({"batch": 1})[:4]
+    config = BeamConfig(beam_size=4, length_penalty=0.6, max_extra=OUT - SOURCE - 1)
+    out = {}
+    for mode, compile_ in (("eager", "off"), ("captured", "on")):
+
+        def run(compile_: str = compile_) -> None:
+            for c in chunks:
+                beam_search(
+                    model, c, bos=MARIAN_V - 1, eos=0, config=config, never=(0,), compile=compile_
+                )
+
+        out[mode] = _split(run, len(chunks) * OUT)
+    return out
+
+
+def _profiles(shapes: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    found = {}
+    for t in (1, 2):
+        for shape in shapes:
+            if shape == "marian-small":
+                for precision in ("fp32", "int8"):
+                    found[f"marian-small/b1/{precision}/{t}t"] = profile_marian(precision, t)
+            else:
+                found[f"{shape}/b1/int8/{t}t"] = profile_step(shape, "int8", t)
+    return found
 
 
 def main() -> None:
@@ -334,7 +388,8 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="GPT-2's batches")
+    ap.add_argument("--marian-batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=["gpt2-small"])
     ap.add_argument("--no-ct2", action="store_true", help="aiayn only")
     ap.add_argument("--no-profile", action="store_true", help="skip the batch-1 step profile")
@@ -356,13 +411,7 @@ def main() -> None:
         "table": table,
     }
     if not args.no_profile:
-        results["profile"] = {
-            f"{shape}/{precision}/{t}t": profile_step(shape, precision, t)
-            for shape in args.shapes
-            if shape != "marian-small"
-            for precision in ("int8",)
-            for t in (1, 2)
-        }
+        results["profile"] = _profiles(args.shapes)
         print("\nbatch-1 step, ms (in the products / outside them):")
         for k, v in results["profile"].items():
             print(
@@ -376,7 +425,7 @@ def main() -> None:
                 )
             )
     results["rates_after"] = host_rates()
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    write_atomically(args.json, lambda tmp: tmp.write_text(json.dumps(results, indent=1)))
     print(f"\nwrote {args.json}")
 
 
