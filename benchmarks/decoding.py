@@ -53,7 +53,6 @@ from engines import (
 from rounds import cell, child_main, host_rates, interleaved, rates_line, spread
 
 import aiayn
-from aiayn.atomic import write_atomically
 from aiayn.device import cpu_flags
 from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.beam import BeamConfig, beam_search
@@ -425,7 +424,9 @@ def main() -> None:
                 )
             )
     results["rates_after"] = host_rates()
-    write_atomically(args.json, lambda tmp: tmp.write_text(json.dumps(results, indent=1)))
+    tmp = Path(args.json).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(args.json)  # whole or not at all
     print(f"\nwrote {args.json}")
 
 
