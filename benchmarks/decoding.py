@@ -81,11 +81,15 @@ def _prompts(case: dict[str, Any]) -> list[list[int]]:
     return torch.randint(0, vocab - 1, (case["batch"], PROMPT), generator=gen).tolist()
 
 
-def _aiayn_runner(case: dict[str, Any], folder: Path) -> Any:
-    quantize = "int8" if case["precision"] == "int8" else None
-    model = apply_precision(
+def _loaded(folder: Path, precision: str) -> Any:
+    quantize = "int8" if precision == "int8" else None
+    return apply_precision(
         aiayn.load(folder).model, torch.device("cpu"), Precision(quantize=quantize)
-    )
+    ).eval()
+
+
+def _aiayn_runner(case: dict[str, Any], folder: Path) -> Any:
+    model = _loaded(folder, case["precision"])
     prompts, greedy = _prompts(case), SamplingConfig(temperature=0)
 
     def run(new: int) -> list[list[int]]:
@@ -158,10 +162,7 @@ def _marian_runner(case: dict[str, Any]) -> Any:
     folder, chunks = marian_folder(ROOT), _sources(case)
     if case["engine"] == "ct2":
         return _ct2_translator(case, folder, chunks)
-    quantize = "int8" if case["precision"] == "int8" else None
-    model = apply_precision(
-        aiayn.load(folder).model, torch.device("cpu"), Precision(quantize=quantize)
-    )
+    model = _loaded(folder, case["precision"])
     config = BeamConfig(beam_size=4, length_penalty=0.6, max_extra=OUT - SOURCE - 1)
 
     def run() -> list[list[int]]:
@@ -231,11 +232,7 @@ def _auto_threads(shape: str, precision: str, batch: int) -> int:
     """The thread count ``--threads auto`` gives this case on a 2-core budget."""
     marian = shape == "marian-small"
     folder = marian_folder(ROOT) if marian else gpt2_folder(ROOT, SHAPES[shape])
-    model = apply_precision(
-        aiayn.load(folder).model,
-        torch.device("cpu"),
-        Precision(quantize="int8" if precision == "int8" else None),
-    )
+    model = _loaded(folder, precision)
     return decode_threads("auto", model, batch * (4 if marian else 1), cores=2)
 
 
@@ -313,13 +310,6 @@ def _split(run: Any, steps: int) -> dict[str, float]:
         "outside_ms": wall - inside_ms,
         "outside_share": 1 - inside_ms / wall,
     }
-
-
-def _loaded(folder: Path, precision: str) -> Any:
-    quantize = "int8" if precision == "int8" else None
-    return apply_precision(
-        aiayn.load(folder).model, torch.device("cpu"), Precision(quantize=quantize)
-    ).eval()
 
 
 def profile_step(shape: str, precision: str, threads: int) -> dict[str, dict[str, float]]:
