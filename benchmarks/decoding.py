@@ -58,6 +58,7 @@ from aiayn.generate import SamplingConfig, generate
 from aiayn.generate.beam import BeamConfig, beam_search
 from aiayn.generate.threads import decode_threads
 from aiayn.models.precision import Precision, apply_precision
+from aiayn.nn.cpu_decoding import for_decoding
 
 ROOT = Path(__file__).resolve().parent / ".engines"
 SHAPES = {
@@ -166,16 +167,26 @@ def _marian_runner(case: dict[str, Any]) -> Any:
     config = BeamConfig(beam_size=4, length_penalty=0.6, max_extra=OUT - SOURCE - 1)
 
     def run() -> list[list[int]]:
-        # the decoder starts from <pad>, as Marian's does; EOS (0) is forbidden
+        return _translated(model, chunks, config, case["mode"])
+
+    return run
+
+
+def _translated(
+    model: Any, chunks: list[torch.Tensor], config: BeamConfig, compile_: str
+) -> list[list[int]]:
+    """Beam search over ``chunks`` in one decoding block, as ``aiayn.generate.translate`` runs
+    its batches: the kernels are chosen and fp32 weights packed once for all of them.  The
+    decoder starts from <pad>, as Marian's does; EOS (0) is forbidden."""
+    rows = chunks[0].shape[0] * config.beam_size
+    with for_decoding(model, rows):
         return [
             row
             for c in chunks
             for row in beam_search(
-                model, c, bos=MARIAN_V - 1, eos=0, config=config, never=(0,), compile=case["mode"]
+                model, c, bos=MARIAN_V - 1, eos=0, config=config, never=(0,), compile=compile_
             )
         ]
-
-    return run
 
 
 def _timed(run: Any, tokens: int) -> dict[str, Any]:
@@ -315,7 +326,6 @@ def _split(run: Any, steps: int) -> dict[str, float]:
 def profile_step(shape: str, precision: str, threads: int) -> dict[str, dict[str, float]]:
     """ms per batch-1 GPT-2 step in the matrix products and outside them, eager and captured."""
     from aiayn.generate.captured import captured_step
-    from aiayn.nn.cpu_decoding import for_decoding
 
     torch.set_num_threads(threads)
     model = _loaded(gpt2_folder(ROOT, SHAPES[shape]), precision)
@@ -350,10 +360,7 @@ def profile_marian(precision: str, threads: int) -> dict[str, dict[str, float]]:
     for mode, compile_ in (("eager", "off"), ("captured", "on")):
 
         def run(compile_: str = compile_) -> None:
-            for c in chunks:
-                beam_search(
-                    model, c, bos=MARIAN_V - 1, eos=0, config=config, never=(0,), compile=compile_
-                )
+            _translated(model, chunks, config, compile_)
 
         out[mode] = _split(run, len(chunks) * OUT)
     return out

@@ -42,6 +42,18 @@ settings.register_profile("deep", derandomize=False, max_examples=400, deadline=
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def fake_decoding_probes(
+    monkeypatch: pytest.MonkeyPatch, gemv: tuple[float, float], packed: tuple[float, float]
+) -> None:
+    """The host's answers to aiayn/nn/cpu_decoding.py's probes, so a test chooses the kernels:
+    a one-row pass (F.linear, gemv) and a packed product (F.linear, packed), in seconds."""
+    import aiayn.nn.cpu_decoding as decoding
+
+    monkeypatch.setattr(decoding, "_decode_seconds", lambda *a: packed)
+    monkeypatch.setattr(decoding, "_GEMV_SECONDS", {})
+    monkeypatch.setattr(decoding, "_gemv_seconds", lambda layers: gemv)
+
+
 def json_values(max_leaves: int = 12) -> st.SearchStrategy[object]:
     """Any JSON value: scalars of every type, and lists and objects of them, nested -- what a
     parser of files from elsewhere may be handed."""

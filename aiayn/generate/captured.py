@@ -9,8 +9,9 @@ as one function.  Here that function is ``model(tokens, cache=static)[:, -1]`` c
 interpreter back between the pieces):
 
 * on a CPU, inductor fuses the step's element-wise work into C++/OpenMP loops around the
-  matrix products; int8 products stay fbgemm's, as the custom operator of
-  aiayn/nn/int8_kernel.py;
+  matrix products, which stay the eager step's kernels, held by the graph as operators: int8
+  products fbgemm's (aiayn/nn/int8_kernel.py), fp32 products oneDNN's on the weights the
+  decoding block packed (aiayn/nn/packed_kernel.py);
 * on CUDA, the same code with CUDA graphs (``mode="reduce-overhead"``).
 
 The step is compiled once per batch size (every other shape is fixed by the cache's capacity)

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from aiayn.device import best_seconds
 from aiayn.errors import UserError
-from aiayn.nn import int8_kernel
+from aiayn.nn import int8_kernel, packed_kernel
 from aiayn.nn.cpu_kernels import (
     HAS_ONEDNN,
     PACKED_ROW_MULTIPLE,
@@ -60,6 +60,7 @@ from aiayn.nn.cpu_kernels import (
 )
 from aiayn.nn.int8_kernel import int8_dynamic_linear
 from aiayn.nn.linear import Linear
+from aiayn.nn.packed_kernel import packed_linear
 from aiayn.nn.quantized import Int8Linear
 
 
@@ -69,9 +70,12 @@ class DecodingLinear(Linear):
     (``packed``); each is None where that kernel was not chosen."""
 
     packed: Tensor | None = None
+    packed_handle: int | None = None  # names ``packed`` inside a captured step
     row_view: RowView | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling() and not torch.is_grad_enabled():
+            return self._captured(x)
         if torch.is_grad_enabled() or not plain_fp32(x):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -81,6 +85,17 @@ class DecodingLinear(Linear):
             return F.linear(x, self.weight, self.bias)
         flat = pad_rows(x.reshape(rows, x.shape[-1]), PACKED_ROW_MULTIPLE)  # (N', I)
         out = onednn_linear(flat, self.packed, self.bias)[:rows]  # (N, O)
+        return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
+
+    def _captured(self, x: Tensor) -> Tensor:
+        """The product inside a step that ``torch.compile`` traces: the packed weight through
+        the operator of aiayn/nn/packed_kernel.py, which the graph holds, else ``F.linear``
+        (gemv's numpy call is not traceable)."""
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if self.packed_handle is None or rows == 0 or x.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, x.shape[-1])  # (N, I)
+        out = packed_linear(flat, self.weight, self.bias, self.packed_handle)  # (N, O)
         return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
 
 
@@ -243,9 +258,13 @@ def for_decoding(model: nn.Module, rows: int) -> Iterator[DecodingPlan]:
         )
 
     def settings(m: Linear) -> dict[str, Any]:
+        # an outer block's packed weight stays (and keeps its handle)
+        pack = _shape(m) in packed_shapes and "packed" not in vars(m)
+        packed = pack_weight(m, rows) if pack else None
         return {
             "row_view": make_row_view(m) if gemv else None,
-            "packed": pack_weight(m, rows) if _shape(m) in packed_shapes else None,
+            "packed": packed,
+            "packed_handle": None if packed is None else packed_kernel.register(m, packed),
         }
 
     int8 = cpu_int8_layers(model) if enabled() else []

@@ -101,8 +101,16 @@ def packed(m: Int8Linear) -> int | None:
     return known[2]
 
 
-@torch.library.custom_op("aiayn::int8_dynamic_linear", mutates_args=())
-def int8_dynamic_linear(x: Tensor, qweight: Tensor, handle: int) -> Tensor:
+# The operator is defined through ``torch.library.Library`` rather than the
+# ``torch.library.custom_op`` decorator: the decorator's Python wrapper (autograd and
+# mutation checks) cost two-thirds of a whole 512x512 product at four rows, and a Marian-small
+# step makes some forty of them (docs/performance.md, "A captured decoding step").  Decoding
+# needs no gradient.
+_LIB = torch.library.Library("aiayn", "DEF")
+_LIB.define("int8_dynamic_linear(Tensor x, Tensor qweight, int handle) -> Tensor")
+
+
+def _int8_dynamic_linear(x: Tensor, qweight: Tensor, handle: int) -> Tensor:
     """(N, I) fp32 activations times the packed int8 weight ``handle`` (bias included) ->
     (N, O) fp32.  ``qweight`` is the layer's (O, I) int8 weight: it gives the fake
     implementation its shape."""
@@ -112,6 +120,12 @@ def int8_dynamic_linear(x: Tensor, qweight: Tensor, handle: int) -> Tensor:
     return torch.ops.quantized.linear_dynamic(x, weight, _REDUCE_RANGE)
 
 
-@int8_dynamic_linear.register_fake
+_LIB.impl("int8_dynamic_linear", _int8_dynamic_linear, "CPU")
+
+
+@torch.library.register_fake("aiayn::int8_dynamic_linear", lib=_LIB)
 def _(x: Tensor, qweight: Tensor, handle: int) -> Tensor:
     return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+int8_dynamic_linear = torch.ops.aiayn.int8_dynamic_linear.default

@@ -22,21 +22,12 @@ from aiayn.nn.cpu_kernels import (
     for_training,
 )
 from aiayn.nn.linear import Linear
+from tests.conftest import fake_decoding_probes
 
 
 def _two_layers() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(Linear(32, 64), Linear(64, 16))
-
-
-def _fake_probes(
-    monkeypatch: pytest.MonkeyPatch, gemv: tuple[float, float], packed: tuple[float, float]
-) -> None:
-    """The host's answers: a one-row pass (F.linear, gemv) and a packed product (F.linear,
-    packed), in seconds."""
-    monkeypatch.setattr(decoding, "_decode_seconds", lambda *a: packed)
-    monkeypatch.setattr(decoding, "_GEMV_SECONDS", {})
-    monkeypatch.setattr(decoding, "_gemv_seconds", lambda layers: gemv)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -91,7 +82,7 @@ def test_onednn_runs_only_inside_a_training_block_that_chose_it(
 
 
 def test_a_block_keeps_parameters_state_dict_and_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_probes(monkeypatch, gemv=(2.0, 1.0), packed=(2.0, 1.0))
+    fake_decoding_probes(monkeypatch, gemv=(2.0, 1.0), packed=(2.0, 1.0))
     model = _two_layers()
     params, keys = list(model.parameters()), list(model.state_dict())
     seen: list[int] = []
@@ -187,7 +178,8 @@ def test_off_leaves_every_layer_on_f_linear(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_packed_decoding_equals_f_linear_and_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_probes(monkeypatch, gemv=(1.0, 2.0), packed=(2.0, 1.0))  # packing faster, gemv not
+    # packing faster, gemv not
+    fake_decoding_probes(monkeypatch, gemv=(1.0, 2.0), packed=(2.0, 1.0))
     model = torch.nn.Sequential(Linear(32, 64), torch.nn.ReLU(), Linear(64, 16))
     x1, x8 = torch.randn(1, 32), torch.randn(8, 5, 32)
     with torch.no_grad():
@@ -208,7 +200,7 @@ def test_packed_decoding_equals_f_linear_and_is_released(monkeypatch: pytest.Mon
 def test_one_row_in_a_decoding_block_uses_views_made_once_and_equals_f_linear(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _fake_probes(monkeypatch, gemv=(2.0, 1.0), packed=(1.0, 2.0))
+    fake_decoding_probes(monkeypatch, gemv=(2.0, 1.0), packed=(1.0, 2.0))
     torch.manual_seed(0)
     model = torch.nn.Sequential(Linear(48, 40), Linear(40, 24, bias=False))
     x = torch.randn(1, 1, 48)
@@ -235,7 +227,7 @@ def test_one_row_in_a_decoding_block_uses_views_made_once_and_equals_f_linear(
 def test_decoding_blocks_nest_and_the_outer_one_owns_the_packing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _fake_probes(monkeypatch, gemv=(1.0, 2.0), packed=(2.0, 1.0))
+    fake_decoding_probes(monkeypatch, gemv=(1.0, 2.0), packed=(2.0, 1.0))
     model = _two_layers()
     with torch.no_grad(), for_decoding(model, 8):
         packed = [m.packed for m in model]
@@ -310,7 +302,7 @@ def test_a_block_that_rejects_gemv_for_the_model_keeps_every_one_row_product_off
 ) -> None:
     """gemv may win for one shape alone but lose over the model's pass: inside the block no
     layer may take it (its thread pool would spin beside torch's)."""
-    _fake_probes(monkeypatch, gemv=(3.0, 3.5), packed=(1.0, 2.0))
+    fake_decoding_probes(monkeypatch, gemv=(3.0, 3.5), packed=(1.0, 2.0))
 
     def no_gemv(*args: object) -> None:
         raise AssertionError("gemv taken inside a block that rejected it for the model")
@@ -353,7 +345,7 @@ def test_the_gemv_probe_times_one_row_passes_through_the_models_own_weights(
 
 
 def test_other_dtypes_and_autocast_take_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_probes(monkeypatch, gemv=(2.0, 1.0), packed=(2.0, 1.0))
+    fake_decoding_probes(monkeypatch, gemv=(2.0, 1.0), packed=(2.0, 1.0))
     layer = Linear(16, 8).double()
     with for_decoding(layer, 4) as plan, torch.no_grad():
         assert type(layer) is Linear and plan.packed == 0  # fp64: not the kernels' domain
