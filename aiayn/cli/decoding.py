@@ -233,7 +233,7 @@ def _add_step_options(p: argparse.ArgumentParser) -> None:
         choices=["auto", "on", "off"],
         default="auto",
         help="capture the decoding step with torch.compile (auto: on CUDA, and on a CPU for"
-        " steps of up to 4 rows, where it measured faster; cached on disk after the first run)",
+        " steps of up to 8 rows, where it measured faster; cached on disk after the first run)",
     )
     p.add_argument(
         "--threads",

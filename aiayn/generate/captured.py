@@ -11,7 +11,7 @@ interpreter back between the pieces):
 * on a CPU, inductor fuses the step's element-wise work into C++/OpenMP loops around the
   matrix products, which stay the eager step's kernels, held by the graph as operators: int8
   products fbgemm's (aiayn/nn/int8_kernel.py), fp32 products oneDNN's on the weights the
-  decoding block packed (aiayn/nn/packed_kernel.py);
+  decoding block packed, and one row BLAS's gemv (aiayn/nn/fp32_kernels.py);
 * on CUDA, the same code with CUDA graphs (``mode="reduce-overhead"``).
 
 The step is compiled once per batch size (every other shape is fixed by the cache's capacity)
@@ -65,7 +65,7 @@ def use_inductor_cache() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-CAPTURE_ROWS = 4  # auto captures a CPU step of at most this many rows
+CAPTURE_ROWS = 8  # auto captures a CPU step of at most this many rows
 
 
 def wants_capture(model: nn.Module, setting: str, rows: int = 1) -> bool:
@@ -74,10 +74,11 @@ def wants_capture(model: nn.Module, setting: str, rows: int = 1) -> bool:
 
     ``auto`` captures where ``benchmarks/decoding.py`` measured the captured step faster than
     the eager one (docs/performance.md, "A captured decoding step"): on CUDA, and on a CPU at
-    up to ``CAPTURE_ROWS`` rows (a prompt, or one sentence's beam), where the time between
-    operations is a large share of a step.  With more rows the eager step's products run on
-    weights packed for oneDNN (aiayn/nn/cpu_kernels.py), which the compiled step does not use,
-    and it was slower there.  Models the static cache cannot hold are never captured."""
+    up to ``CAPTURE_ROWS`` rows (a batch of a few prompts, one or two sentences' beams), where
+    the time between operations is a large share of a step.  Both steps run the same
+    products; with hundreds of rows (Marian-small, beam 4, batch 64) the captured step was
+    slower, since it attends over every slot of its static cache and a source padded to a
+    multiple of 32.  Models the static cache cannot hold are never captured."""
     check_compile(setting)
     if setting == "off" or static_supports(model) is not None:
         return False

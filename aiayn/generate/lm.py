@@ -204,9 +204,10 @@ def stream(
         plan = packing.enter_context(for_decoding(model, b))
         mask = None if bool(real.all()) else real
         logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
-        if b == 1 and plan.gemv and one_step is None:
+        if b == 1 and plan.gemv:
             # The steps' products run in BLAS's own threads (where this host runs one row
-            # faster so than by F.linear); other dtypes and hosts stay on torch's threads.
+            # faster so than by F.linear), captured or not; other dtypes and hosts stay on
+            # torch's threads.
             torch.set_num_threads(1)
         contexts = None
         if slides:

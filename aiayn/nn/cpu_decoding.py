@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from aiayn.device import best_seconds
 from aiayn.errors import UserError
-from aiayn.nn import int8_kernel, packed_kernel
+from aiayn.nn import fp32_kernels, int8_kernel
 from aiayn.nn.cpu_kernels import (
     HAS_ONEDNN,
     PACKED_ROW_MULTIPLE,
@@ -58,9 +58,9 @@ from aiayn.nn.cpu_kernels import (
     plain_fp32,
     swapped,
 )
+from aiayn.nn.fp32_kernels import gemv_linear, packed_linear
 from aiayn.nn.int8_kernel import int8_dynamic_linear
 from aiayn.nn.linear import Linear
-from aiayn.nn.packed_kernel import packed_linear
 from aiayn.nn.quantized import Int8Linear
 
 
@@ -72,6 +72,7 @@ class DecodingLinear(Linear):
     packed: Tensor | None = None
     packed_handle: int | None = None  # names ``packed`` inside a captured step
     row_view: RowView | None = None
+    row_gemv: bool = False  # ``row_view`` is set (a flag a captured step can read)
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling() and not torch.is_grad_enabled():
@@ -88,14 +89,18 @@ class DecodingLinear(Linear):
         return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
 
     def _captured(self, x: Tensor) -> Tensor:
-        """The product inside a step that ``torch.compile`` traces: the packed weight through
-        the operator of aiayn/nn/packed_kernel.py, which the graph holds, else ``F.linear``
-        (gemv's numpy call is not traceable)."""
+        """The product inside a step that ``torch.compile`` traces: the kernel the eager
+        forward would take, as an operator of aiayn/nn/fp32_kernels.py that the graph holds."""
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if self.packed_handle is None or rows == 0 or x.dtype != torch.float32:
+        if rows == 0 or x.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])  # (N, I)
-        out = packed_linear(flat, self.weight, self.bias, self.packed_handle)  # (N, O)
+        if rows == 1 and self.row_gemv:
+            out = gemv_linear(flat, self.weight, self.bias)  # (1, O)
+        elif self.packed_handle is not None:
+            out = packed_linear(flat, self.weight, self.bias, self.packed_handle)  # (N, O)
+        else:
+            return F.linear(x, self.weight, self.bias)
         return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
 
 
@@ -263,8 +268,9 @@ def for_decoding(model: nn.Module, rows: int) -> Iterator[DecodingPlan]:
         packed = pack_weight(m, rows) if pack else None
         return {
             "row_view": make_row_view(m) if gemv else None,
+            "row_gemv": True if gemv else None,
             "packed": packed,
-            "packed_handle": None if packed is None else packed_kernel.register(m, packed),
+            "packed_handle": None if packed is None else fp32_kernels.register(m, packed),
         }
 
     int8 = cpu_int8_layers(model) if enabled() else []
