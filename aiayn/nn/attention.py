@@ -183,7 +183,28 @@ def _matmul_attention_applies(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) 
     )
 
 
-CAPTURED_SCORES = 8192  # queries x keys per head up to which a captured step writes Eq. (1) out
+CAPTURED_SCORES = 8192  # queries x keys per head up to which a decoding step writes Eq. (1) out
+DECODING_QUERIES = 8  # queries per head of a decoding step: one token, or one per beam
+
+
+def _written_out(q: Tensor, k: Tensor, t: int, s: int) -> bool:
+    """Whether a step of ``t`` queries over ``s`` keys per head writes Eq. (1) out (two
+    products around a softmax) rather than calling PyTorch's fused kernel: a captured
+    decoding step (inductor fuses the mask and the softmax into one loop between the
+    products), and an eager decoding step on a CPU, where the fused kernel, built for many
+    queries, took 2-4x as long at Marian-small's batch of 64 beams (docs/performance.md,
+    "A captured decoding step"), in fp32.  Eager and captured steps then compute the same
+    formula, at every batch size."""
+    if t * s > CAPTURED_SCORES:
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    return (
+        q.device.type == "cpu"
+        and t <= DECODING_QUERIES
+        and not torch.is_grad_enabled()
+        and q.dtype == k.dtype == torch.float32  # bf16 scores would be rounded to bf16
+    )
 
 
 def sdpa_backend(
@@ -195,11 +216,7 @@ def sdpa_backend(
     mask, window, scale, dropout_p = call.mask, call.window, call.scale, call.dropout_p
     is_causal = call.causal
     t, s = q.shape[-2], k.shape[-2]
-    if torch.compiler.is_compiling() and t * s <= CAPTURED_SCORES:
-        # A captured decoding step (aiayn/generate/captured.py): a few queries per head over a
-        # static cache, with a mask.  Written out, inductor fuses the mask and the softmax
-        # into one loop between two small products; PyTorch's fused kernel with a mask is a
-        # call of its own, which costs more than the work at these sizes.
+    if _written_out(q, k, t, s):
         return reference_backend(q, k, v, call)
     enable_gqa = q.dim() >= 3 and q.shape[-3] != k.shape[-3]
     if (

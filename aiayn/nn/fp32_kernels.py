@@ -15,7 +15,10 @@ implementations, as aiayn/nn/int8_kernel.py does for fbgemm's int8 weights:
   at every decoding block and released on exit: the handle names whatever the layer's current
   packed weight is, so a step captured in one block runs unchanged in the next (the handle is
   a constant of the captured graph).  The table refers to packed weights weakly: a block's
-  exit frees them.
+  exit frees them.  Handles are numbered in the order layers are first packed, as
+  aiayn/nn/int8_kernel.py numbers its own: a process that packs the same model's layers in
+  the same order finds its step in inductor's disk cache, one that packed another model first
+  compiles it again.
 
 Shapes: N rows, I in features, O out features.
 """
@@ -40,6 +43,7 @@ def register(layer: nn.Module, packed: Tensor) -> int:
     handle = _LAYER_HANDLES.get(layer)
     if handle is None:
         handle = _LAYER_HANDLES[layer] = next(_NEXT)
+        weakref.finalize(layer, _PACKED.pop, handle, None)  # a freed layer leaves no entry
     _PACKED[handle] = weakref.ref(packed)
     return handle
 

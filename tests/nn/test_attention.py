@@ -237,3 +237,39 @@ def test_row_groups_equal_one_call_over_all_rows() -> None:
         # fp32, another order over D=8, S<=12: 8 x 2^-23 ~ 1e-6 absolute; 1e-5 ~ 80 ulps relative.
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
         assert call.for_rows(0, 1, 7).live_rows and not call.live_rows
+
+
+def test_an_eager_fp32_decoding_step_on_a_cpu_writes_eq1_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step of a few queries without gradients, fp32 on a CPU, takes the written-out
+    formula (as a captured step does); a prompt, training and bf16 keep the fused kernel."""
+    from aiayn.nn import attention
+
+    taken: list[int] = []
+    written_out = attention.reference_backend
+
+    def spy(q, k, v, call):  # type: ignore[no-untyped-def]
+        taken.append(q.shape[-2])
+        return written_out(q, k, v, call)
+
+    monkeypatch.setattr(attention, "reference_backend", spy)
+    call = attention.AttentionCall(scale=0.125)
+
+    def run(t: int, dtype: torch.dtype = torch.float32, grad: bool = False) -> None:
+        q = torch.randn(2, 4, t, 16, dtype=dtype, requires_grad=grad)
+        k, v = torch.randn(2, 4, 40, 16, dtype=dtype), torch.randn(2, 4, 40, 16, dtype=dtype)
+        with torch.set_grad_enabled(grad):
+            out, _ = attention.sdpa_backend(q, k, v, call)
+        ref, _ = written_out(q, k, v, call)
+        if dtype == torch.float32:  # either way, Eq. (1)
+            torch.testing.assert_close(out, ref)
+
+    with torch.no_grad():
+        run(1)
+        run(attention.DECODING_QUERIES)
+    assert taken == [1, attention.DECODING_QUERIES]
+    run(attention.DECODING_QUERIES + 1)
+    run(1, grad=True)
+    run(1, dtype=torch.bfloat16)
+    assert taken == [1, attention.DECODING_QUERIES]

@@ -54,3 +54,21 @@ def test_a_packed_weight_dies_with_its_block(monkeypatch: pytest.MonkeyPatch) ->
         assert "packed_handle" not in vars(layer)  # the block took its attributes away
         with pytest.raises(RuntimeError, match="outside its decoding block"):  # and its weights
             packed_linear(x, layer.weight, layer.bias, handle)
+
+
+@pytest.mark.slow
+def test_under_autocast_a_captured_step_takes_the_plain_product(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under CPU autocast the eager step leaves the product to ``F.linear`` (bf16); the
+    captured one must too, not hand fp32 rows to an fp32 kernel."""
+    fake_decoding_probes(monkeypatch, gemv=(1.0, 2.0), packed=(2.0, 1.0))
+    model = torch.nn.Sequential(Linear(32, 64), torch.nn.ReLU(), Linear(64, 16))
+    x = torch.randn(4, 32)
+    torch._dynamo.reset()
+    with torch.no_grad(), for_decoding(model, 4), torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(model)(x)
+        eager = model(x)
+        captured = torch.compile(model, fullgraph=True, dynamic=False)(x)
+    assert "aiayn." not in str(explained.graphs[0].code)
+    assert captured.dtype == eager.dtype == torch.bfloat16
