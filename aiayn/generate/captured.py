@@ -77,7 +77,7 @@ def wants_capture(model: nn.Module, setting: str, rows: int = 1) -> bool:
     up to ``CAPTURE_ROWS`` rows (a batch of a few prompts, one or two sentences' beams), where
     the time between operations is a large share of a step.  Both steps run the same
     products; with hundreds of rows (Marian-small, beam 4, batch 64) the captured step was
-    slower in three of four comparisons, since it attends over every slot of its static cache
+    slower in five of six comparisons, since it attends over every slot of its static cache
     and over a source padded to a multiple of 32.  Models the static cache cannot hold are
     never captured."""
     check_compile(setting)
