@@ -49,6 +49,7 @@ from aiayn.nn.cpu_kernels import (
     cpu_fp32_layers,
     cpu_int8_layers,
     enabled,
+    fp32_cpu,
     gemv,
     log_once,
     make_row_view,
@@ -92,7 +93,7 @@ class DecodingLinear(Linear):
         """The product inside a step that ``torch.compile`` traces: the kernel the eager
         forward would take, as an operator of aiayn/nn/fp32_kernels.py that the graph holds."""
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if rows == 0 or not _fp32_cpu(x):
+        if rows == 0 or not fp32_cpu(x):
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])  # (N, I)
         if rows == 1 and self.row_gemv:
@@ -102,14 +103,6 @@ class DecodingLinear(Linear):
         else:
             return F.linear(x, self.weight, self.bias)
         return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
-
-
-def _fp32_cpu(x: Tensor) -> bool:
-    """An fp32 CPU input outside autocast: what the kernels serve (``plain_fp32`` without its
-    test for compilation, for the step a compiler traces)."""
-    return (
-        x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-    )
 
 
 class DecodingInt8Linear(Int8Linear):

@@ -154,14 +154,16 @@ def pack_weight(m: nn.Linear, rows: int) -> Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
 
 
-def plain_fp32(x: Tensor) -> bool:
-    """An fp32 CPU input outside autocast and outside compilation: the kernels' domain."""
+def fp32_cpu(x: Tensor) -> bool:
+    """An fp32 CPU input outside autocast: the inputs the decoding kernels serve."""
     return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
+        x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
     )
+
+
+def plain_fp32(x: Tensor) -> bool:
+    """``fp32_cpu`` outside compilation: the eager kernels' domain."""
+    return fp32_cpu(x) and not torch.compiler.is_compiling()
 
 
 # -- the layers swapped in ----------------------------------------------------------------
