@@ -389,13 +389,15 @@ class Engine:
             try:
                 token, logprob, top = self._next(r, logits[i : i + 1])
                 made += 1
+                # counted before _append, which may finish r: a client that reads the
+                # metrics once its response is complete must find this token counted
+                self.stats["tokens"] += 1
                 self._append(r, token, now, logprob, top)
             except Exception as err:  # this request fails alone
                 self._release(r, None, error=f"{type(err).__name__}: {err}")
         self.recent.append((now, made))
         while self.recent and now - self.recent[0][0] > 10.0:
             self.recent.popleft()
-        self.stats["tokens"] += made
 
     def _next(
         self, r: Request, logits: Tensor
