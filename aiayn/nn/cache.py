@@ -19,13 +19,15 @@ Two layouts share one append routine (``_append``):
   reads the kept positions in time order followed by the new ones, and the window mask
   (aligned bottom-right) does the rest.
 
-``Cache.reorder`` selects batch rows (beam search).
+``Cache.reorder`` selects batch rows (beam search) in place, rewriting only the rows whose
+parent is another row: most hypotheses extend their own.
 
 Shapes: B batch, H_kv key/value heads, S cached positions, D head size, W window.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,20 +62,47 @@ def _append(buf: Tensor, seen: int, new: Tensor, rolling: bool) -> tuple[Tensor,
     return buf, read
 
 
-def _select_rows(buf: Tensor, index: Tensor, length: int, out: Tensor | None = None) -> Tensor:
-    """(B, H, N, D) buffer -> (B', H, N, D) with rows ``index`` (into ``out`` when given, a
-    different buffer), copying only the first ``length`` slots when fewer are filled (the
-    rest are left unset)."""
+def _select_rows(buf: Tensor, index: Tensor, length: int) -> Tensor:
+    """(B, H, N, D) buffer -> a new (B', H, N, D) one with rows ``index``, copying only the first
+    ``length`` slots when fewer are filled (the rest are left unset)."""
     n = min(length, buf.shape[2])
-    if out is None:
-        if n == buf.shape[2]:
-            return buf.index_select(0, index)
-        out = buf.new_empty((index.shape[0], *buf.shape[1:]))
     if n == buf.shape[2]:
-        torch.index_select(buf, 0, index, out=out)
-    else:
-        torch.index_select(buf.narrow(2, 0, n), 0, index, out=out.narrow(2, 0, n))
+        return buf.index_select(0, index)
+    out = buf.new_empty((index.shape[0], *buf.shape[1:]))
+    torch.index_select(buf.narrow(2, 0, n), 0, index, out=out.narrow(2, 0, n))
     return out
+
+
+def moved_rows(index: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows that a reorder by ``index`` (B',) must write -- those that do not already hold
+    their parent, ``index[r] != r`` -- and their parents: (M,) each."""
+    rows = torch.arange(index.shape[0], device=index.device)
+    dest = (index != rows).nonzero().squeeze(1)
+    return dest, index[dest]
+
+
+def reorder_rows_(
+    buf: Tensor,
+    moves: tuple[Tensor, Tensor],
+    rows: int,
+    length: int,
+    scratch: Tensor | None = None,
+) -> Tensor:
+    """Rows ``index`` of a (B, H, N, D) buffer, in place, as its leading ``rows`` <= B rows;
+    ``moves`` = ``moved_rows(index)``.  Only the rows that change are written, each from a
+    copy of its parent taken before any is written (so a row may be both a parent and
+    rewritten), and only the first ``length`` slots.  In beam search most hypotheses extend
+    their own row, so this copies a fraction of what gathering every row would.  ``scratch``
+    (1-D, at least buf's size) holds the copies; without it they are allocated."""
+    dest, src = moves
+    part = buf.narrow(2, 0, min(length, buf.shape[2]))
+    if dest.numel():
+        shape = (src.shape[0], *part.shape[1:])
+        need = math.prod(shape)
+        tmp = buf.new_empty(shape) if scratch is None else scratch[:need].view(shape)
+        torch.index_select(part, 0, src, out=tmp)
+        part.index_copy_(0, dest, tmp)
+    return buf[:rows]
 
 
 def _follow(x: Tensor, rows: int, index: Tensor, memory_index: Tensor | None) -> Tensor:
@@ -105,11 +134,9 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0  # positions seen so far (may exceed the slots when rolling)
-        # Reorders alternate between two buffers (the second made on the first reorder), so
-        # beam search does not allocate -- and fault in -- a fresh cache at every step.  Only
-        # a cache that owns its buffers does this (not a view of a serving pool: ``over``).
-        self._bases: tuple[Tensor, Tensor] | None = (self.k, self.v)
-        self._spare: tuple[Tensor, Tensor] | None = None
+        # Reorders rewrite these buffers' rows in place (``reorder_rows_``); a cache over a
+        # serving pool's rows (``over``) does not own them, and selects into new buffers.
+        self.owns = True
 
     @classmethod
     def over(cls, k: Tensor, v: Tensor, length: int) -> KVCache:
@@ -118,7 +145,7 @@ class KVCache:
         aiayn/serve/slots.py)."""
         cache = cls.__new__(cls)
         cache.rolling, cache.k, cache.v, cache.length = False, k, v, length
-        cache._bases = cache._spare = None
+        cache.owns = False
         return cache
 
     @property
@@ -132,23 +159,24 @@ class KVCache:
         self.length += k.shape[2]
         return k_all, v_all
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(
+        self,
+        index: Tensor,
+        moves: tuple[Tensor, Tensor] | None = None,
+        scratch: Tensor | None = None,
+    ) -> None:
         """Keep batch rows ``index`` (B',), e.g. the surviving beams' parents.  Only the filled
-        slots are copied: the rest are never read before they are written."""
+        slots are copied: the rest are never read before they are written.  Up to its own
+        batch size, a cache that owns its buffers rewrites only the rows that change, in
+        place (``reorder_rows_``; ``moves`` and ``scratch`` as there)."""
         rows = index.shape[0]
-        if self._bases is None or rows > self._bases[0].shape[0]:  # no buffers to alternate
+        if not self.owns or rows > self.k.shape[0]:
             self.k = _select_rows(self.k, index, self.length)
             self.v = _select_rows(self.v, index, self.length)
-            if self._bases is not None:
-                self._bases, self._spare = (self.k, self.v), None
             return
-        if self._spare is None:
-            self._spare = (torch.empty_like(self._bases[0]), torch.empty_like(self._bases[1]))
-        k, v = self._spare[0][:rows], self._spare[1][:rows]  # contiguous: leading rows
-        _select_rows(self.k, index, self.length, out=k)
-        _select_rows(self.v, index, self.length, out=v)
-        self._bases, self._spare = self._spare, self._bases
-        self.k, self.v = k, v
+        moves = moved_rows(index) if moves is None else moves
+        self.k = reorder_rows_(self.k, moves, rows, self.length, scratch)
+        self.v = reorder_rows_(self.v, moves, rows, self.length, scratch)
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
@@ -164,10 +192,16 @@ class LayerCache:
     cross_kv: tuple[Tensor, Tensor] | None = None
     state: Any = None  # has .reorder(index) and .nbytes()
 
-    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+    def reorder(
+        self,
+        index: Tensor,
+        memory_index: Tensor | None = None,
+        moves: tuple[Tensor, Tensor] | None = None,
+        scratch: Tensor | None = None,
+    ) -> None:
         """Keep rows ``index``; cross-attention keys/values as ``Cache.reorder`` says."""
         rows = self.self_kv.k.shape[0]
-        self.self_kv.reorder(index)
+        self.self_kv.reorder(index, moves, scratch)
         if self.cross_kv is not None:
             k, v = self.cross_kv
             self.cross_kv = (
@@ -204,6 +238,7 @@ class Cache:
         self.real: Tensor | None = None  # (B,) real tokens so far, with key_mask
         self.memory_mask: Tensor | None = None  # (B, S_src) source padding, for cross-attention
         self.positions: Tensor | None = None  # (B|1, slots) the position of each cached key
+        self.scratch: Tensor | None = None  # what reorders copy moving rows through
 
     @classmethod
     def empty(
@@ -316,8 +351,9 @@ class Cache:
         or keeps the rows ``memory_index`` when given (sentences that have finished leave).
         """
         rows = self.layers[0].self_kv.k.shape[0] if self.layers else index.shape[0]
+        moves, scratch = moved_rows(index), self._scratch()
         for layer in self.layers:
-            layer.reorder(index, memory_index)
+            layer.reorder(index, memory_index, moves, scratch)
         if self.positions is not None and self.positions.shape[0] > 1:
             self.positions = self.positions.index_select(0, index)
         if self.key_mask is not None and self.real is not None:
@@ -325,6 +361,17 @@ class Cache:
             self.real = self.real.index_select(0, index)
         if self.memory_mask is not None:
             self.memory_mask = _follow(self.memory_mask, rows, index, memory_index)
+
+    def _scratch(self) -> Tensor | None:
+        """One buffer, as large as a layer's keys, that every layer's reorder copies its
+        moving rows through (made on the first reorder)."""
+        kv = [layer.self_kv.k for layer in self.layers if layer.self_kv.capacity]
+        if not kv:
+            return None
+        need = max(k.numel() for k in kv)
+        if self.scratch is None or self.scratch.numel() < need or self.scratch.dtype != kv[0].dtype:
+            self.scratch = kv[0].new_empty(need)
+        return self.scratch
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)

@@ -309,6 +309,9 @@ class CrossAttention(MultiHeadAttention):
             raise UserError("cross-attention needs the encoder output (memory) on its first step")
         kv = self.project_memory(ctx.memory)
         if layer is not None:
+            # Contiguous, so that every later step's products read them in place: the split
+            # into heads leaves (B, H_kv, S, D) strided, which each product would copy again.
+            kv = (kv[0].contiguous(), kv[1].contiguous())
             layer.cross_kv = kv
         return kv
 

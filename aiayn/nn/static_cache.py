@@ -25,8 +25,8 @@ decoding loop calls before each forward pass, outside any captured function: it 
 check that the cache has room, with a clear error.  Inside the pass nothing reads a Python
 number that changes from step to step.
 
-``reorder`` (beam search) gathers every layer's rows by a parent index in place, one
-``index_select`` and one copy per buffer.  Rolling windows and recurrent layers are left to the
+``reorder`` (beam search) gathers every layer's rows by a parent index in place, copying
+only the rows whose parent is another row (aiayn/nn/cache.py, ``reorder_rows_``).  Rolling windows and recurrent layers are left to the
 growing cache; ``supports`` says whether a model can use this one.
 
 Shapes: B batch, H_kv key/value heads, S_max slots, D head size, T new positions.
@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.errors import UserError
+from aiayn.nn.cache import moved_rows, reorder_rows_
 
 
 class StaticKV:
@@ -60,12 +61,12 @@ class StaticKV:
         self.v.index_copy_(2, slots, v.to(self.v.dtype))
         return self.k, self.v
 
-    def reorder(self, index: Tensor, filled: int) -> None:
-        """Rows ``index`` in place, copying only the first ``filled`` slots (the rest are
-        masked until they are written)."""
+    def reorder(self, moves: tuple[Tensor, Tensor], filled: int, scratch: Tensor) -> None:
+        """Rows ``index`` in place (``moves`` = ``moved_rows(index)``), writing only the rows
+        that change and only the first ``filled`` slots (the rest are masked until they are
+        written)."""
         for buf in (self.k, self.v):
-            part = buf.narrow(2, 0, filled)
-            part.copy_(part.index_select(0, index))
+            reorder_rows_(buf, moves, self.k.shape[0], filled, scratch)
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
@@ -121,6 +122,7 @@ class StaticCache:
         self.step_slots = self.slot  # (T,) the slots of the pass under way
         self.memory_mask: Tensor | None = None
         self.length = 0  # slots reserved so far (Python-side, see reserve())
+        self.scratch: Tensor | None = None  # made on the first reorder
 
     @property
     def capacity(self) -> int:
@@ -182,8 +184,11 @@ class StaticCache:
         stays; cross-attention keys and values, one per group of beams, stay as they are."""
         if index.shape[0] != self.batch or memory_index is not None:
             raise UserError("a static cache keeps its batch size: reorder by a full (B,) index")
+        moves = moved_rows(index)
+        if self.scratch is None:  # what every layer copies its moving rows through
+            self.scratch = self.layers[0].self_kv.k.new_empty(self.layers[0].self_kv.k.numel())
         for layer in self.layers:
-            layer.self_kv.reorder(index, self.length)
+            layer.self_kv.reorder(moves, self.length, self.scratch)
         self.key_mask.copy_(self.key_mask.index_select(0, index))
         self.key_positions.copy_(self.key_positions.index_select(0, index))
         self.real.copy_(self.real.index_select(0, index))

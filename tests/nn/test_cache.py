@@ -8,7 +8,8 @@ import torch
 import aiayn
 from aiayn.generate import SamplingConfig, generate
 from aiayn.models import DecoderLM
-from aiayn.nn.cache import Cache, KVCache
+from aiayn.nn.cache import Cache, KVCache, moved_rows
+from aiayn.nn.static_cache import StaticCache
 
 
 def test_rolling_cache_keeps_only_the_window() -> None:
@@ -118,6 +119,56 @@ def test_reorder_selects_rows() -> None:
     cache.layers[0].self_kv.update(torch.arange(3.0).view(3, 1, 1, 1), torch.zeros(3, 1, 1, 1))
     cache.reorder(torch.tensor([2, 2, 0]))
     assert cache.layers[0].self_kv.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+
+
+REORDERS = {
+    "identity": [0, 1, 2, 3, 4, 5],
+    "beams": [0, 0, 2, 2, 4, 3],
+    "cycle": [1, 2, 0, 3, 5, 4],  # every moving row is also a parent that moves
+    "one parent": [3, 3, 3, 3, 3, 3],
+    "fewer rows": [5, 4, 0],  # sentences leave the batch
+}
+
+
+def test_moved_rows_names_the_rows_whose_parent_is_another() -> None:
+    dest, src = moved_rows(torch.tensor([0, 0, 2, 2, 4, 3]))
+    assert dest.tolist() == [1, 3, 5] and src.tolist() == [0, 2, 3]
+    dest, src = moved_rows(torch.arange(4))
+    assert dest.numel() == src.numel() == 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [("growing", name) for name in REORDERS]
+    + [("static", name) for name in REORDERS if name != "fewer rows"],  # keeps its batch
+)
+def test_reorder_in_place_equals_gathering_every_row(kind: str, name: str) -> None:
+    """Rewriting only the rows that change, in place, gives what a fresh gather of every row
+    gives, whatever the index: parents that are themselves rewritten, one parent for all,
+    fewer rows.  Repeated reorders reuse the buffers."""
+    index = torch.tensor(REORDERS[name])
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(6, 2, 5, 3, generator=g)  # 5 of 8 slots filled
+    cache: Cache | StaticCache
+    if kind == "growing":
+        cache = Cache.empty(2, 6, 2, 8, 3)
+        for layer in cache.layers:
+            layer.self_kv.update(keys, -keys)
+    else:
+        cache = StaticCache(2, 6, 2, 8, 3)
+        cache.reserve(5)
+        cache.step_slots = torch.arange(5)
+        for layer in cache.layers:
+            layer.self_kv.update(keys, -keys)
+    buffers = [layer.self_kv.k.data_ptr() for layer in cache.layers]
+    expect = keys
+    for _ in range(3 if index.shape[0] == 6 else 1):
+        cache.reorder(index)
+        expect = expect[index]
+        for layer in cache.layers:
+            kv = layer.self_kv
+            assert torch.equal(kv.k[:, :, :5], expect) and torch.equal(kv.v[:, :, :5], -expect)
+    assert [layer.self_kv.k.data_ptr() for layer in cache.layers] == buffers
 
 
 def test_reorder_copies_the_filled_slots_and_keeps_shared_memory_per_sentence() -> None:
