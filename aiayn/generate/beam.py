@@ -12,7 +12,9 @@ Beam search keeps B·K rows in the cache and reorders them by the surviving beam
 every step.  All bookkeeping is on tensors -- candidate selection, finished hypotheses, the
 length penalty, the per-sentence length limits -- so a step costs a few tensor operations
 whatever the batch, with no Python loop over sentences or candidates (tests/generate/
-test_beam.py checks it against a plain Python implementation of the same rules).  Each sentence's own source length bounds its output, so a sentence decodes to the
+test_beam.py checks it against a plain Python implementation of the same rules).  A step's
+selection (``_select``) is one branch-free function of tensors, so a search whose decoder step
+is captured (aiayn/generate/captured.py) compiles its selection too, once for all its steps.  Each sentence's own source length bounds its output, so a sentence decodes to the
 same result whatever it is batched with (tests/generate/test_beam.py).
 
 Tokens listed in ``never`` (padding, BOS, unknown: what translation passes) are masked out of
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -178,7 +180,14 @@ class _Steps:
     def new_cache(self, rows: int, steps: int) -> Cache | StaticCache:
         if not self.captured:
             return self.model.new_cache(rows, steps + 1)
-        return self.model.new_static_cache(rows, capacity_for(steps + 1, self.model.config.max_len))
+        return self.model.new_static_cache(rows, self.width(steps))
+
+    def width(self, steps: int) -> int:
+        """Slots for ``steps`` outputs: as many, or -- captured -- the static cache's bucket,
+        so that searches of nearby lengths share one compiled selection too."""
+        if not self.captured:
+            return steps
+        return capacity_for(steps + 1, self.model.config.max_len)
 
     def __call__(
         self, tokens: Tensor, memory: Tensor, keep: Tensor | None, first: bool, cache: Any
@@ -199,7 +208,124 @@ class _Steps:
         return logits
 
 
-def _beam_search(  # noqa: PLR0915 (one step rewrites a dozen shared tensors: see below)
+@dataclass(frozen=True)
+class _Rules:
+    """What a search's every step selects by; constants of a captured selection."""
+
+    beam_size: int
+    eos: int
+    early_stopping: bool
+    never: tuple[int, ...]
+
+
+class _Beams(NamedTuple):
+    """The tensors a step of the search rewrites, one row per alive sentence: A sentences, K
+    beams, W >= the longest output."""
+
+    scores: Tensor  # (A, K) cumulative log-probabilities of the live hypotheses
+    history: Tensor  # (A, K, W) their tokens
+    n_finished: Tensor  # (A,) hypotheses finished so far
+    best: Tensor  # (A,) the best finished hypothesis's normalised score
+    best_tokens: Tensor  # (A, W) its tokens
+    best_len: Tensor  # (A,) its length
+    limits: Tensor  # (A,) output length limits
+
+    @classmethod
+    def start(cls, limits: Tensor, k: int, width: int) -> _Beams:
+        b, device, neg = limits.shape[0], limits.device, float("-inf")
+        scores = torch.full((b, k), neg, device=device)
+        scores[:, 0] = 0.0  # all beams start identical: expand only the first
+        return cls(
+            scores,
+            torch.zeros(b, k, width, dtype=torch.long, device=device),
+            torch.zeros(b, dtype=torch.long, device=device),
+            torch.full((b,), neg, device=device),
+            torch.zeros(b, width, dtype=torch.long, device=device),
+            torch.zeros(b, dtype=torch.long, device=device),
+            limits,
+        )
+
+    def keep(self, stay: Tensor) -> _Beams:
+        """The sentences ``stay`` (A',) only."""
+        return _Beams(*(t[stay] for t in self))
+
+
+def _offer(
+    beams: _Beams, candidate: Tensor, tokens: Tensor, length: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sentence's ``candidate`` (A,) normalised score, with its (A, W) ``tokens`` and
+    ``length``, becomes its best where strictly better (so the first of equal scores stays)."""
+    better = candidate > beams.best  # (A,)
+    return (
+        torch.where(better, candidate, beams.best),
+        torch.where(better[:, None], tokens, beams.best_tokens),
+        torch.where(better, length, beams.best_len),
+    )
+
+
+def _select(
+    logits: Tensor, beams: _Beams, step: Tensor, lp: Tensor, rules: _Rules
+) -> tuple[Tensor, Tensor, _Beams, Tensor]:
+    """One step's selection: (A·K, V) logits -> the (A, K) tokens that go on, their parents
+    among the K rows of their sentence, the search's new tensors and which sentences are done
+    (A,).  Each sentence expands its K live hypotheses, offers the EOS-ended and the
+    length-capped ones as finished and keeps the K best that go on.  Branch-free and over
+    tensors only (``step`` and the length penalty ``lp`` included), so that a captured search
+    compiles it once for all its steps."""
+    k, neg = rules.beam_size, float("-inf")
+    a = beams.scores.shape[0]
+    logprobs = _mask_(logits.float(), rules.never).log_softmax(-1)  # (A·K, V)
+    v = logprobs.shape[-1]
+    # in place: the log-probabilities are a fresh tensor, and B·K·V floats is megabytes
+    cand = logprobs.view(a, k, v).add_(beams.scores[:, :, None]).view(a, k * v)  # (A, K·V)
+    top, top_idx = cand.topk(2 * k, dim=-1)  # (A, 2K): room for K that go on
+    parent, token = top_idx // v, top_idx % v
+    rank = torch.arange(2 * k, device=logits.device)  # (2K,)
+    rows = torch.arange(a, device=logits.device)
+    live = top > neg  # (A, 2K) real candidates
+    is_eos = token == rules.eos
+    # An EOS among the best K candidates finishes a hypothesis (the prefix, without EOS).
+    finishes = live & is_eos & (rank < k)
+    n_finished = beams.n_finished + finishes.sum(-1)
+    eos_score = torch.where(finishes, top / lp, neg)
+    first = eos_score.argmax(-1)  # (A,) the first best of this step's finished
+    offered = _offer(beams, eos_score[rows, first], beams.history[rows, parent[rows, first]], step)
+    beams = beams._replace(n_finished=n_finished, best=offered[0], best_tokens=offered[1])
+    beams = beams._replace(best_len=offered[2])
+    # The K best candidates that are not EOS go on, in rank order.
+    order = torch.where(is_eos, rank + 2 * k, rank).argsort(-1)[:, :k]  # (A, K)
+    next_parent, next_token = parent.gather(1, order), token.gather(1, order)
+    go_on = live.gather(1, order) & ~is_eos.gather(1, order)  # (A, K)
+    next_scores = torch.where(go_on, top.gather(1, order), neg)
+    next_token = torch.where(go_on, next_token, rules.eos)
+    history = beams.history[rows[:, None], next_parent]  # (A, K, W): the parents' prefixes
+    history.index_copy_(2, step.view(1), next_token[:, :, None])
+    # The length limit: open hypotheses finish as they are.
+    at_limit = beams.limits == step + 1  # (A,)
+    limit_score = torch.where(go_on & at_limit[:, None], next_scores / lp, neg)
+    first = limit_score.argmax(-1)
+    offered = _offer(beams, limit_score[rows, first], history[rows, first], step + 1)
+    done = at_limit | ~go_on.any(-1)
+    if rules.early_stopping:
+        done = done | (n_finished >= k)
+    # A done sentence keeps no live hypothesis (a captured search keeps its rows).
+    next_scores = next_scores.masked_fill(done[:, None], neg)
+    beams = beams._replace(scores=next_scores, history=history, best=offered[0])
+    beams = beams._replace(best_tokens=offered[1], best_len=offered[2])
+    return next_token, next_parent, beams, done
+
+
+_CAPTURED_SELECT: list[Any] = []
+
+
+def _captured_select() -> Any:
+    """``_select`` compiled once per process (a captured search's selection)."""
+    if not _CAPTURED_SELECT:
+        _CAPTURED_SELECT.append(torch.compile(_select, fullgraph=True, dynamic=False))
+    return _CAPTURED_SELECT[0]
+
+
+def _beam_search(
     model: EncoderDecoder,
     src: Tensor,
     bos: int,
@@ -209,13 +335,10 @@ def _beam_search(  # noqa: PLR0915 (one step rewrites a dozen shared tensors: se
     cancel: CancelToken | None,
     decode: _Steps,
 ) -> list[list[int]]:
-    """The search itself: each step expands the K live hypotheses of every alive sentence,
-    offers the EOS-ended and the length-capped ones as finished, keeps the K best that go on
-    and drops the sentences that are done from the batch and the cache.  It stays one function
-    (over ruff's statement limit) because every step reads and rewrites the same dozen tensors (scores,
-    histories, the best finished hypothesis, the alive rows); split across functions they
-    would travel as a state object through every call without making a step easier to
-    follow."""
+    """The search: each step decodes, selects (``_select``) and reorders the cache by the
+    surviving hypotheses' parents.  Sentences that are done leave the batch and the cache in
+    an eager search, so the last long sentence does not carry the rows of the short ones
+    that ended long ago; a captured one keeps them (its shapes stay)."""
     k = config.beam_size
     memory, keep = model.encode(src)  # (B, S, C), (B, S)
     b, device = src.shape[0], src.device
@@ -225,83 +348,42 @@ def _beam_search(  # noqa: PLR0915 (one step rewrites a dozen shared tensors: se
     # sentence for K query rows (aiayn/nn/multihead.py folds them), so the encoder's keys and
     # values are computed, cached and read once per sentence.
     cache = decode.new_cache(b * k, steps)
-    tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (B·K, 1)
-    neg = float("-inf")
-    # The sentences still searching: A of them, ``alive`` (A,) their indices.  Finished
-    # sentences leave the batch (and the cache) at once, so the last long sentence does not
-    # carry the rows of the short ones that ended long ago.
-    alive = torch.arange(b, device=device)
-    history = torch.zeros(b, k, steps, dtype=torch.long, device=device)  # (A, K, steps)
-    scores = torch.full((b, k), neg, device=device)  # (A, K) cumulative log-probabilities
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    n_finished = torch.zeros(b, dtype=torch.long, device=device)  # (A,)
-    # Each sentence's best finished hypothesis so far, over all B sentences.
-    best = torch.full((b,), neg, device=device)
-    best_tokens = torch.zeros(b, steps, dtype=torch.long, device=device)
-    best_len = torch.zeros(b, dtype=torch.long, device=device)
-    rank = torch.arange(2 * k, device=device)  # (2K,)
-
-    def offer(candidate: Tensor, cand_tokens: Tensor, cand_len: int) -> None:
-        """Each alive sentence's ``candidate`` (A,) normalised score, if strictly better,
-        becomes its best (so the first of equal scores stays)."""
-        better = candidate > best[alive]
-        if bool(better.any()):
-            which = alive[better]
-            best[which] = candidate[better]
-            best_tokens[which] = cand_tokens[better]
-            best_len[which] = cand_len
-
+    beams = _Beams.start(limits, k, decode.width(steps))
+    rules = _Rules(k, eos, config.early_stopping, tuple(never))
+    select = _captured_select() if decode.captured else _select
+    tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (A·K, 1)
+    alive = torch.arange(b, device=device)  # (A,) the sentences still searching
+    found: list[list[int]] = [[] for _ in range(b)]
     for step in range(steps):
         check(cancel)
-        length = step + 1
-        a = alive.shape[0]
         logits = decode(tokens, memory, keep, step == 0, cache)  # (A·K, V)
-        logprobs = _mask_(logits.float(), never).log_softmax(-1)  # (A·K, V)
-        v = logprobs.shape[-1]
-        # in place: the log-probabilities are a fresh tensor, and B·K·V floats is megabytes
-        cand = logprobs.view(a, k, v).add_(scores[:, :, None]).view(a, k * v)  # (A, K·V)
-        top, top_idx = cand.topk(2 * k, dim=-1)  # (A, 2K): room for K that go on
-        parent, token = top_idx // v, top_idx % v
-        lp = length_penalty(length, config.length_penalty)
-        live = top > neg  # (A, 2K) real candidates
-        is_eos = token == eos
-        # An EOS among the best K candidates finishes a hypothesis (the prefix, without EOS).
-        finishes = live & is_eos & (rank < k)
-        n_finished += finishes.sum(-1)
-        eos_score = torch.where(finishes, top / lp, neg)
-        first = eos_score.argmax(-1)  # (A,) the first best of this step's finished
-        rows = torch.arange(a, device=device)
-        offer(eos_score[rows, first], history[rows, parent[rows, first]], step)
-        # The K best candidates that are not EOS go on, in rank order.
-        order = torch.where(is_eos, rank + 2 * k, rank).argsort(-1)[:, :k]  # (A, K)
-        next_scores = top.gather(1, order)
-        next_parent, next_token = parent.gather(1, order), token.gather(1, order)
-        go_on = live.gather(1, order) & ~is_eos.gather(1, order)  # (A, K)
-        next_scores = torch.where(go_on, next_scores, neg)
-        next_token = torch.where(go_on, next_token, eos)
-        history = history[rows[:, None], next_parent]  # (A, K, steps): the parents' prefixes
-        history[:, :, step] = next_token
-        # The length limit: open hypotheses finish as they are.
-        at_limit = limits == length  # (A,)
-        limit_score = torch.where(go_on & at_limit[:, None], next_scores / lp, neg)
-        first = limit_score.argmax(-1)
-        offer(limit_score[rows, first], history[rows, first], length)
-        done = at_limit | ~go_on.any(-1)
-        if config.early_stopping:
-            done |= n_finished >= k
+        # fp32, as eager PyTorch divides an fp32 tensor by a Python number
+        lp = torch.tensor(length_penalty(step + 1, config.length_penalty), device=device)
+        at = torch.tensor(step, device=device)
+        next_token, parent, beams, done = select(logits, beams, at, lp, rules)
         if bool(done.all()):
             break
-        if decode.captured:  # the finished stay, with no live beam: the shapes stay
-            next_scores = next_scores.masked_fill(done[:, None], neg)
-            cache.reorder((rows[:, None] * k + next_parent).view(-1))
-        elif bool(done.any()):  # those sentences leave: keep the rows of the others
+        rows = torch.arange(alive.shape[0], device=device)
+        if not decode.captured and bool(done.any()):  # those sentences leave the batch
+            _record(found, alive[done], beams.keep(done.nonzero().squeeze(1)))
             stay = (~done).nonzero().squeeze(1)  # (A',) positions among the alive
-            alive, limits, n_finished = alive[stay], limits[stay], n_finished[stay]
-            history, next_scores = history[stay], next_scores[stay]
-            next_parent, next_token = next_parent[stay], next_token[stay]
-            cache.reorder((stay[:, None] * k + next_parent).view(-1), memory_index=stay)
+            alive, beams, parent, next_token = (
+                alive[stay],
+                beams.keep(stay),
+                parent[stay],
+                next_token[stay],
+            )
+            cache.reorder((stay[:, None] * k + parent).view(-1), memory_index=stay)
         else:
-            cache.reorder((rows[:, None] * k + next_parent).view(-1))
+            cache.reorder((rows[:, None] * k + parent).view(-1))
         tokens = next_token.view(-1, 1)
-        scores = next_scores
-    return _as_lists(best_tokens, best_len)
+    _record(found, alive, beams)
+    return found
+
+
+def _record(found: list[list[int]], sentences: Tensor, beams: _Beams) -> None:
+    """Write the best hypotheses of ``sentences`` (A,) into ``found``."""
+    for i, tokens in zip(
+        sentences.tolist(), _as_lists(beams.best_tokens, beams.best_len), strict=True
+    ):
+        found[i] = tokens

@@ -21,7 +21,8 @@ process with the same shapes loads the step instead of compiling it.  ``Captured
 reports how long each batch size took to capture.
 
 The prompt (many tokens, a new length each time) runs eagerly into the same static cache; only
-the one-token step is captured.  ``compile="auto"`` captures where it measured faster
+the one-token step is captured (and, in beam search, the selection that follows it:
+aiayn/generate/beam.py).  ``compile="auto"`` captures where it measured faster
 (``wants_capture``); ``"on"`` always, where the model allows; ``"off"`` never.
 
 Shapes: B batch, V vocabulary.

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiayn.generate.beam import BeamConfig, beam_search, greedy_decode, length_penalty
+from aiayn.generate.beam import (
+    BeamConfig,
+    _Beams,
+    _Rules,
+    _select,
+    beam_search,
+    greedy_decode,
+    length_penalty,
+)
 from aiayn.models import EncoderDecoder
 from tests.conftest import tiny_model
 
@@ -215,6 +223,27 @@ def test_tensor_beam_search_equals_the_python_loop(seed: int, compile: str) -> N
     assert beam_search(model, src, bos=BOS, eos=EOS, config=cfg, compile=compile) == (
         python_beam_search(model, src, bos=BOS, eos=EOS, config=cfg)
     )
+
+
+@pytest.mark.slow
+def test_a_captured_search_selects_in_one_graph_compiled_once() -> None:
+    """A step's selection traces as one graph with no break, and a second captured search of
+    other lengths (in the same bucket) compiles neither its selection nor its step again:
+    the step number and the length penalty reach the selection as tensors."""
+    explained = torch._dynamo.explain(_select)(
+        torch.randn(8, 24),
+        _Beams.start(torch.tensor([9, 12]), 4, 64),
+        torch.tensor(3),
+        torch.tensor(1.2),
+        _Rules(4, EOS, True, (0,)),
+    )
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    model, src = small(), sources()
+    cfg = BeamConfig(max_extra=8)
+    shorter = beam_search(model, src[:, :6], bos=BOS, eos=EOS, config=cfg, compile="on")
+    with torch.compiler.set_stance("fail_on_recompile"):  # more steps than the first search
+        longer = beam_search(model, src, bos=BOS, eos=EOS, config=cfg, compile="on")
+    assert max(map(len, longer)) > max(map(len, shorter))
 
 
 def test_output_length_limit_and_penalty() -> None:
