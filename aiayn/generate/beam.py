@@ -216,6 +216,9 @@ class _Rules:
     eos: int
     early_stopping: bool
     never: tuple[int, ...]
+    # Unused by the rules, but guarded: inductor builds its CPU loops for the thread count it
+    # compiles under, so each count gets its own compiled selection (as the step does).
+    threads: int
 
 
 class _Beams(NamedTuple):
@@ -349,7 +352,7 @@ def _beam_search(
     # values are computed, cached and read once per sentence.
     cache = decode.new_cache(b * k, steps)
     beams = _Beams.start(limits, k, decode.width(steps))
-    rules = _Rules(k, eos, config.early_stopping, tuple(never))
+    rules = _Rules(k, eos, config.early_stopping, tuple(never), torch.get_num_threads())
     select = _captured_select() if decode.captured else _select
     tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (A·K, 1)
     alive = torch.arange(b, device=device)  # (A,) the sentences still searching
@@ -357,7 +360,7 @@ def _beam_search(
     for step in range(steps):
         check(cancel)
         logits = decode(tokens, memory, keep, step == 0, cache)  # (A·K, V)
-        # fp32, as eager PyTorch divides an fp32 tensor by a Python number
+        # fp32: on a CPU, eager PyTorch divides an fp32 tensor by a Python number in fp32
         lp = torch.tensor(length_penalty(step + 1, config.length_penalty), device=device)
         at = torch.tensor(step, device=device)
         next_token, parent, beams, done = select(logits, beams, at, lp, rules)

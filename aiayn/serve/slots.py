@@ -105,6 +105,7 @@ class _RowsKV(KVCache):
 
     def __init__(self, k: Tensor, v: Tensor, write: Tensor, read: int, even: bool) -> None:
         self.rolling, self.k, self.v, self.length = False, k, v, read - 1
+        self.owns = False  # the pool's rows: a reorder selects into new buffers
         self.write, self.read = write, read  # (n,) positions to write; keys to return
         self.even = even  # every row writes at read - 1
 

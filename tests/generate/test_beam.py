@@ -235,7 +235,7 @@ def test_a_captured_search_selects_in_one_graph_compiled_once() -> None:
         _Beams.start(torch.tensor([9, 12]), 4, 64),
         torch.tensor(3),
         torch.tensor(1.2),
-        _Rules(4, EOS, True, (0,)),
+        _Rules(4, EOS, True, (0,), torch.get_num_threads()),
     )
     assert explained.graph_count == 1 and explained.graph_break_count == 0
     model, src = small(), sources()
