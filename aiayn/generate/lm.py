@@ -112,7 +112,7 @@ class _Contexts:
         real = positions[None, :] >= self.starts[:, None]  # (B, W)
         cache = self.model.new_cache(window.shape[0], self.max_len)
         mask = None if bool(real.all()) else real
-        return self.model(window, attention_mask=mask, cache=cache)[:, -1], cache
+        return self.model(window, attention_mask=mask, cache=cache, last_only=True)[:, -1], cache
 
 
 def _seen(ids: Tensor, real: Tensor, vocab_size: int) -> Tensor:
@@ -203,7 +203,7 @@ def stream(
         # several rows per step from a packed weight, one row by BLAS's gemv.
         plan = packing.enter_context(for_decoding(model, b))
         mask = None if bool(real.all()) else real
-        logits = model(ids, attention_mask=mask, cache=cache)[:, -1]  # prefill: (B, V)
+        logits = model(ids, attention_mask=mask, cache=cache, last_only=True)[:, -1]  # (B, V)
         if b == 1 and plan.gemv:
             # The steps' products run in BLAS's own threads (where this host runs one row
             # faster so than by F.linear), captured or not; other dtypes and hosts stay on

@@ -50,8 +50,11 @@ class DecoderLM(TransformerModel):
         record: Record | None = None,
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
+        last_only: bool = False,
     ) -> Tensor:
-        """(B, T) ids -> (B, T, V) next-token logits.
+        """(B, T) ids -> (B, T, V) next-token logits; (B, 1, V) with ``last_only``, the last
+        position's alone (what a prompt's prefill needs: the output projection over every
+        position of a prompt costs as much as that many decoding steps' projections).
 
         ``record`` collects intermediates (attention weights or scores, router statistics of a
         mixture of experts; aiayn/nn/context.py).  With ``targets`` (B, T) -- the next token at
@@ -66,7 +69,7 @@ class DecoderLM(TransformerModel):
         )
         x = self.decoder(x, ctx)  # (B, T, C)
         if targets is None:
-            return self.head(x)
+            return self.head(x[:, -1:] if last_only else x)
         return self.output_loss(x, targets, label_smoothing=label_smoothing)
 
     def forward_with_weights(

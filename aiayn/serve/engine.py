@@ -318,7 +318,7 @@ class Engine:
         self._threads_for(len(chunk))
         try:
             ids = torch.tensor([chunk], device=self.device)
-            every = self.model(ids, cache=r.cache)  # (1, T, V)
+            every = self.model(ids, cache=r.cache, last_only=not r.echo)  # (1, T|1, V)
             if r.echo:
                 self._record_prompt(r, every[0], r.prefilled)
             logits = every[:, -1]  # (1, V)

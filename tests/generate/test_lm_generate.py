@@ -206,3 +206,24 @@ def test_decoding_records_no_autograd_graph(how: str) -> None:
     else:
         list(stream(model, [[1, 2, 3]], max_new_tokens=3, sampling=greedy))
     assert grad_during_forward and not any(grad_during_forward)
+
+
+def test_the_prefill_projects_only_the_last_position() -> None:
+    """A prompt's prefill needs the next-token logits of its last position alone: the output
+    projection (the widest product, V columns) sees one row per sequence, not one per prompt
+    token, and the last position's logits are those of the whole forward's last position
+    (to fp32 rounding: one row and many take different kernels)."""
+    model = small()
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        last = model(ids, last_only=True)
+        every = model(ids)
+    assert last.shape == (2, 1, 40)
+    torch.testing.assert_close(last[:, 0], every[:, -1])
+    rows: list[int] = []
+    hook = model.head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[1]))
+    try:
+        generate(model, ids.tolist(), max_new_tokens=3, sampling=SamplingConfig(temperature=0))
+    finally:
+        hook.remove()
+    assert rows[0] == 1  # the prefill, then one per step
