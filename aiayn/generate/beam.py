@@ -31,6 +31,7 @@ Shapes: B sentences, K beam size, S source length, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -249,20 +250,18 @@ class _Beams(NamedTuple):
         )
 
     def keep(self, stay: Tensor) -> _Beams:
-        """The sentences ``stay`` (A',) only."""
+        """The sentences ``stay`` (their (A',) indices, or an (A,) mask) only."""
         return _Beams(*(t[stay] for t in self))
 
 
-def _offer(
-    beams: _Beams, candidate: Tensor, tokens: Tensor, length: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def _offer(beams: _Beams, candidate: Tensor, tokens: Tensor, length: Tensor) -> _Beams:
     """Each sentence's ``candidate`` (A,) normalised score, with its (A, W) ``tokens`` and
     ``length``, becomes its best where strictly better (so the first of equal scores stays)."""
     better = candidate > beams.best  # (A,)
-    return (
-        torch.where(better, candidate, beams.best),
-        torch.where(better[:, None], tokens, beams.best_tokens),
-        torch.where(better, length, beams.best_len),
+    return beams._replace(
+        best=torch.where(better, candidate, beams.best),
+        best_tokens=torch.where(better[:, None], tokens, beams.best_tokens),
+        best_len=torch.where(better, length, beams.best_len),
     )
 
 
@@ -292,9 +291,8 @@ def _select(
     n_finished = beams.n_finished + finishes.sum(-1)
     eos_score = torch.where(finishes, top / lp, neg)
     first = eos_score.argmax(-1)  # (A,) the first best of this step's finished
-    offered = _offer(beams, eos_score[rows, first], beams.history[rows, parent[rows, first]], step)
-    beams = beams._replace(n_finished=n_finished, best=offered[0], best_tokens=offered[1])
-    beams = beams._replace(best_len=offered[2])
+    prefix = beams.history[rows, parent[rows, first]]  # (A, W)
+    beams = _offer(beams._replace(n_finished=n_finished), eos_score[rows, first], prefix, step)
     # The K best candidates that are not EOS go on, in rank order.
     order = torch.where(is_eos, rank + 2 * k, rank).argsort(-1)[:, :k]  # (A, K)
     next_parent, next_token = parent.gather(1, order), token.gather(1, order)
@@ -307,25 +305,20 @@ def _select(
     at_limit = beams.limits == step + 1  # (A,)
     limit_score = torch.where(go_on & at_limit[:, None], next_scores / lp, neg)
     first = limit_score.argmax(-1)
-    offered = _offer(beams, limit_score[rows, first], history[rows, first], step + 1)
+    beams = _offer(beams, limit_score[rows, first], history[rows, first], step + 1)
     done = at_limit | ~go_on.any(-1)
     if rules.early_stopping:
         done = done | (n_finished >= k)
     # A done sentence keeps no live hypothesis (a captured search keeps its rows).
     next_scores = next_scores.masked_fill(done[:, None], neg)
-    beams = beams._replace(scores=next_scores, history=history, best=offered[0])
-    beams = beams._replace(best_tokens=offered[1], best_len=offered[2])
+    beams = beams._replace(scores=next_scores, history=history)
     return next_token, next_parent, beams, done
 
 
-_CAPTURED_SELECT: list[Any] = []
-
-
+@functools.cache
 def _captured_select() -> Any:
     """``_select`` compiled once per process (a captured search's selection)."""
-    if not _CAPTURED_SELECT:
-        _CAPTURED_SELECT.append(torch.compile(_select, fullgraph=True, dynamic=False))
-    return _CAPTURED_SELECT[0]
+    return torch.compile(_select, fullgraph=True, dynamic=False)
 
 
 def _beam_search(
@@ -368,7 +361,7 @@ def _beam_search(
             break
         rows = torch.arange(alive.shape[0], device=device)
         if not decode.captured and bool(done.any()):  # those sentences leave the batch
-            _record(found, alive[done], beams.keep(done.nonzero().squeeze(1)))
+            _record(found, alive[done], beams.keep(done))
             stay = (~done).nonzero().squeeze(1)  # (A',) positions among the alive
             alive, beams, parent, next_token = (
                 alive[stay],

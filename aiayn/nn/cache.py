@@ -81,6 +81,13 @@ def moved_rows(index: Tensor) -> tuple[Tensor, Tensor]:
     return dest, index[dest]
 
 
+def scratch_for(scratch: Tensor | None, like: Tensor) -> Tensor:
+    """A 1-D buffer that holds a copy of ``like``: ``scratch`` when it can, else a new one."""
+    if scratch is None or scratch.numel() < like.numel() or scratch.dtype != like.dtype:
+        return like.new_empty(like.numel())
+    return scratch
+
+
 def reorder_rows_(
     buf: Tensor,
     moves: tuple[Tensor, Tensor],
@@ -368,9 +375,7 @@ class Cache:
         kv = [layer.self_kv.k for layer in self.layers if layer.self_kv.capacity]
         if not kv:
             return None
-        need = max(k.numel() for k in kv)
-        if self.scratch is None or self.scratch.numel() < need or self.scratch.dtype != kv[0].dtype:
-            self.scratch = kv[0].new_empty(need)
+        self.scratch = scratch_for(self.scratch, max(kv, key=Tensor.numel))
         return self.scratch
 
     def nbytes(self) -> int:

@@ -26,8 +26,9 @@ check that the cache has room, with a clear error.  Inside the pass nothing read
 number that changes from step to step.
 
 ``reorder`` (beam search) gathers every layer's rows by a parent index in place, copying
-only the rows whose parent is another row (aiayn/nn/cache.py, ``reorder_rows_``).  Rolling windows and recurrent layers are left to the
-growing cache; ``supports`` says whether a model can use this one.
+only the rows whose parent is another row (aiayn/nn/cache.py, ``reorder_rows_``).  Rolling
+windows and recurrent layers are left to the growing cache; ``supports`` says whether a model
+can use this one.
 
 Shapes: B batch, H_kv key/value heads, S_max slots, D head size, T new positions.
 """
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.errors import UserError
-from aiayn.nn.cache import moved_rows, reorder_rows_
+from aiayn.nn.cache import moved_rows, reorder_rows_, scratch_for
 
 
 class StaticKV:
@@ -185,8 +186,7 @@ class StaticCache:
         if index.shape[0] != self.batch or memory_index is not None:
             raise UserError("a static cache keeps its batch size: reorder by a full (B,) index")
         moves = moved_rows(index)
-        if self.scratch is None:  # what every layer copies its moving rows through
-            self.scratch = self.layers[0].self_kv.k.new_empty(self.layers[0].self_kv.k.numel())
+        self.scratch = scratch_for(self.scratch, self.layers[0].self_kv.k)  # for every layer
         for layer in self.layers:
             layer.self_kv.reorder(moves, self.length, self.scratch)
         self.key_mask.copy_(self.key_mask.index_select(0, index))
