@@ -82,7 +82,7 @@ def _report_timing(model: object, start: float, times: list[float]) -> None:
     if len(times) > 1:
         line += f"; then {1e3 * (times[-1] - times[0]) / (len(times) - 1):.2f} ms a token"
     line += f"; {torch.get_num_threads()} threads"
-    if isinstance(model, torch.nn.Module) and wants_capture(model, "on"):
+    if isinstance(model, torch.nn.Module) and wants_capture(model, "on", rows=1, steps=1):
         captures = captured_step(model).capture_seconds
         if captures:
             line += "; step captured in " + ", ".join(f"{s:.1f} s" for s in captures.values())
@@ -232,8 +232,9 @@ def _add_step_options(p: argparse.ArgumentParser) -> None:
         "--compile",
         choices=["auto", "on", "off"],
         default="auto",
-        help="capture the decoding step with torch.compile (auto: on CUDA, and on a CPU for"
-        " steps of up to 8 rows, where it measured faster; cached on disk after the first run)",
+        help="capture the decoding step with torch.compile (auto: for a job of at least 1,024"
+        " steps, on CUDA, and on a CPU for steps of up to 8 rows, where it measured faster;"
+        " cached on disk after the first run)",
     )
     p.add_argument(
         "--threads",

@@ -161,8 +161,14 @@ def beam_search(
     # One weight layout for the whole search: K·B rows per step is a small matrix product,
     # faster from a packed weight (aiayn/nn/cpu_kernels.py).
     with for_decoding(model, src.shape[0] * config.beam_size):
-        steps = _Steps(model, wants_capture(model, compile, src.shape[0] * config.beam_size))
-        return _beam_search(model, src, bos, eos, config, never, cancel, steps)
+        rows, steps = src.shape[0] * config.beam_size, search_steps(model, src.shape[1], config)
+        decode = _Steps(model, wants_capture(model, compile, rows, steps))
+        return _beam_search(model, src, bos, eos, config, never, cancel, decode)
+
+
+def search_steps(model: EncoderDecoder, source_len: int, config: BeamConfig) -> int:
+    """The most steps a search of sources padded to ``source_len`` makes (``_limits``)."""
+    return min(source_len + config.max_extra, model.config.max_len - 1)
 
 
 SOURCE_MULTIPLE = 32  # a captured search pads its source's keys to a multiple of this

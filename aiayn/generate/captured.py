@@ -22,8 +22,9 @@ reports how long each batch size took to capture.
 
 The prompt (many tokens, a new length each time) runs eagerly into the same static cache; only
 the one-token step is captured (and, in beam search, the selection that follows it:
-aiayn/generate/beam.py).  ``compile="auto"`` captures where it measured faster
-(``wants_capture``); ``"on"`` always, where the model allows; ``"off"`` never.
+aiayn/generate/beam.py).  ``compile="auto"`` captures where it measured faster, for a job
+long enough to pay for the capture (``wants_capture``); ``"on"`` always, where the model
+allows; ``"off"`` never.
 
 Shapes: B batch, V vocabulary.
 """
@@ -67,25 +68,34 @@ def use_inductor_cache() -> str:
 
 
 CAPTURE_ROWS = 8  # auto captures a CPU step of at most this many rows
+# auto captures a job of at least this many decoding steps.  A capture is paid in every
+# process, even when inductor's disk cache holds it (dynamo traces the model again and imports
+# the compiler), and a captured step saves a few milliseconds: it pays from about a thousand
+# steps (docs/performance.md, "Which jobs auto captures").
+CAPTURE_MIN_STEPS = 1024
 
 
-def wants_capture(model: nn.Module, setting: str, rows: int = 1) -> bool:
-    """Whether decoding ``model`` at ``rows`` rows per step captures its step under
-    ``setting``.
+def wants_capture(model: nn.Module, setting: str, rows: int, steps: int) -> bool:
+    """Whether a decoding job of ``steps`` steps (every generation or search of the process's
+    job, together) at ``rows`` rows per step captures ``model``'s step under ``setting``.
 
     ``auto`` captures where ``benchmarks/decoding.py`` measured the captured step faster than
-    the eager one (docs/performance.md, "A captured decoding step"): on CUDA, and on a CPU at
-    up to ``CAPTURE_ROWS`` rows (a batch of a few prompts, one or two sentences' beams), where
-    the time between operations is a large share of a step.  Both steps run the same
-    products; with hundreds of rows (Marian-small, beam 4, batch 64) the captured step was
-    slower in five of six comparisons, since it attends over every slot of its static cache
-    and over a source padded to a multiple of 32.  Models the static cache cannot hold are
-    never captured."""
+    the eager one, and where the job is long enough to pay for the capture
+    (``CAPTURE_MIN_STEPS``): on CUDA, and on a CPU at up to ``CAPTURE_ROWS`` rows (a batch of
+    a few prompts, one or two sentences' beams), where the time between operations is a large
+    share of a step.  Both steps run the same products; with hundreds of rows (Marian-small,
+    beam 4, batch 64) the captured step was slower in five of six comparisons, since it
+    attends over every slot of its static cache and over a source padded to a multiple of 32.
+    A short job (a sentence to translate, a reply of a few hundred tokens) decodes eagerly:
+    the capture would take longer than the whole job.  Models the static cache cannot hold
+    are never captured."""
     check_compile(setting)
     if setting == "off" or static_supports(model) is not None:
         return False
     if setting == "on":
         return True
+    if steps < CAPTURE_MIN_STEPS:
+        return False
     device = next(model.parameters()).device.type
     return device == "cuda" or (device == "cpu" and rows <= CAPTURE_ROWS)
 

@@ -191,7 +191,7 @@ def stream(
         generator = torch.Generator(device=device).manual_seed(seed)
     seen = _seen(ids, real, cfg.vocab_size) if sampling.repetition_penalty != 1.0 else None
     slides = p + max_new_tokens > cfg.max_len  # some row's context may pass max_len
-    captured = wants_capture(model, compile, b) and not slides
+    captured = wants_capture(model, compile, b, max_new_tokens) and not slides
     cache = _new_cache(model, b, p, max_new_tokens, captured)
     one_step = captured_step(model) if captured else None
     was_training = model.training

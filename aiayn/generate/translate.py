@@ -16,8 +16,9 @@ from aiayn.data.batching import pad
 from aiayn.data.bpe import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from aiayn.data.tokenizer import BPETokenizer, MarianTokenizer
 from aiayn.errors import UserError
-from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode
+from aiayn.generate.beam import PAPER_BEAM, BeamConfig, beam_search, greedy_decode, search_steps
 from aiayn.generate.cancel import CancelToken
+from aiayn.generate.captured import wants_capture
 from aiayn.interop.generation_config import NONE, GenerationIds
 from aiayn.models import EncoderDecoder
 from aiayn.nn.cpu_decoding import for_decoding
@@ -98,9 +99,12 @@ def translate(
     )
     out = [""] * len(lines)
     rows = min(batch_size, len(order)) * (1 if beam is None else beam.beam_size)
+    chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    if beam is not None:
+        lengths = [[len(encoded[i] or []) for i in chunk] for chunk in chunks]
+        compile = compile_for_job(model, compile, rows, lengths, beam)
     with for_decoding(model, rows):  # the kernels chosen and weights packed once for all batches
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
+        for chunk in chunks:
             src = pad([encoded[i] or [] for i in chunk], pad_id)
             src = src.to(next(model.parameters()).device)
             if beam is None:
@@ -119,3 +123,20 @@ def translate(
             for i, ids in zip(chunk, hyps, strict=True):
                 out[i] = tokenizer.decode(ids).strip()
     return out
+
+
+def compile_for_job(
+    model: EncoderDecoder,
+    compile: str,
+    rows: int,
+    lengths: Sequence[Sequence[int]],
+    beam: BeamConfig,
+) -> str:
+    """``compile`` for each batch's search: ``auto`` decided once for the whole job (every
+    batch's steps together: one capture serves them all), so that a long file of short
+    batches captures its step while one sentence alone does not.  ``lengths``: each batch's
+    source lengths."""
+    if compile != "auto":
+        return compile
+    steps = sum(search_steps(model, max(batch), beam) for batch in lengths)
+    return "on" if wants_capture(model, compile, rows, steps) else "off"

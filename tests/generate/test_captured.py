@@ -11,9 +11,18 @@ import pytest
 import torch
 
 from aiayn.generate import SamplingConfig, generate
-from aiayn.generate.captured import CAPTURE_ROWS, _step, compile_counters, wants_capture
+from aiayn.generate.beam import BeamConfig, beam_search, search_steps
+from aiayn.generate.captured import (
+    CAPTURE_MIN_STEPS,
+    CAPTURE_ROWS,
+    _step,
+    captured_step,
+    compile_counters,
+    wants_capture,
+)
 from aiayn.generate.threads import SMALL_STEP, decode_threads, step_macs
-from aiayn.models import DecoderLM
+from aiayn.generate.translate import compile_for_job
+from aiayn.models import DecoderLM, EncoderDecoder
 from aiayn.models.precision import Precision, apply_precision
 from aiayn.nn.cpu_decoding import for_decoding
 from tests.conftest import tiny_model
@@ -25,6 +34,12 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [1], [20, 21, 22]]  # left-padded into one b
 def small(preset: str = "gpt2-small", **kw: object) -> DecoderLM:
     model = tiny_model(preset, **{"vocab_size": 40, "max_len": 64, "init_std": 0.2, **kw})
     assert isinstance(model, DecoderLM)
+    return model
+
+
+def small_mt() -> EncoderDecoder:
+    model = tiny_model("paper-base", vocab_size=24, max_len=64, init_std=0.3)
+    assert isinstance(model, EncoderDecoder)
     return model
 
 
@@ -72,20 +87,47 @@ def test_static_cache_refuses_what_it_cannot_hold() -> None:
     window = small("llama-style-small", **{"attention.sliding_window": 4})
     with pytest.raises(ValueError, match="sliding window needs the rolling cache"):
         window.new_static_cache(1, 8)
-    assert not wants_capture(window, "on")  # it decodes eagerly instead
+    assert not wants_capture(window, "on", 1, 1)  # it decodes eagerly instead
 
 
-def test_auto_captures_small_steps_on_a_cpu() -> None:
-    """auto: a step of up to CAPTURE_ROWS rows on a CPU, whatever the precision; on and off
-    as they say."""
+def test_auto_captures_small_steps_of_a_long_job_on_a_cpu() -> None:
+    """auto: a step of up to CAPTURE_ROWS rows on a CPU, whatever the precision, in a job of
+    at least CAPTURE_MIN_STEPS steps; on and off as they say, whatever the job."""
     model = small()
     int8 = apply_precision(small(), torch.device("cpu"), Precision(quantize="int8"))
+    long = CAPTURE_MIN_STEPS
     for m in (model, int8):
-        assert wants_capture(m, "auto", 1) and wants_capture(m, "auto", CAPTURE_ROWS)
-        assert not wants_capture(m, "auto", CAPTURE_ROWS + 1)
-        assert wants_capture(m, "on", 64) and not wants_capture(m, "off", 1)
+        assert wants_capture(m, "auto", 1, long) and wants_capture(m, "auto", CAPTURE_ROWS, long)
+        assert not wants_capture(m, "auto", CAPTURE_ROWS + 1, long)
+        assert not wants_capture(m, "auto", 1, long - 1)  # the capture would not pay
+        assert wants_capture(m, "on", 64, 1) and not wants_capture(m, "off", 1, long)
     with pytest.raises(ValueError, match="compile='yes' is invalid: expected one of auto, on"):
-        wants_capture(model, "yes")
+        wants_capture(model, "yes", 1, long)
+
+
+def test_a_short_generation_or_search_decodes_eagerly_under_auto() -> None:
+    """No capture for a few steps: neither ``generate`` nor ``beam_search`` compiles."""
+    model = small()
+    generate(model, PROMPTS, max_new_tokens=4, sampling=GREEDY, compile="auto")
+    assert not captured_step(model).capture_seconds
+    mt = small_mt()
+    beam_search(mt, torch.tensor([[3, 4, 5, 2]]), bos=1, eos=2, config=BeamConfig(beam_size=2))
+    assert not captured_step(mt).capture_seconds
+
+
+def test_translate_decides_auto_for_the_whole_job() -> None:
+    """A file of one-sentence batches captures once its searches together reach
+    CAPTURE_MIN_STEPS steps; one sentence alone, or batches of too many rows, do not."""
+    model, beam = small_mt(), BeamConfig(beam_size=4, max_extra=10)
+    steps = search_steps(model, 6, beam)  # a batch of sources of at most 6 tokens
+    assert steps == 16
+    enough = [[6]] * -(-CAPTURE_MIN_STEPS // steps)
+    assert compile_for_job(model, "auto", 4, enough, beam) == "on"
+    assert compile_for_job(model, "auto", 4, enough[:-1], beam) == "off"
+    assert compile_for_job(model, "auto", 4, [[6]], beam) == "off"
+    assert compile_for_job(model, "auto", 4 * CAPTURE_ROWS, enough, beam) == "off"
+    assert compile_for_job(model, "on", 4, [[6]], beam) == "on"
+    assert compile_for_job(model, "off", 4, enough, beam) == "off"
 
 
 @pytest.mark.slow
