@@ -41,7 +41,7 @@ from torch import Tensor
 
 from aiayn.errors import UserError
 from aiayn.generate.cancel import CancelToken, check
-from aiayn.generate.captured import captured_step, wants_capture
+from aiayn.generate.captured import captured_step, compile_options, wants_capture
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.nn.cache import Cache
 from aiayn.nn.cpu_decoding import for_decoding
@@ -322,9 +322,9 @@ def _select(
 
 
 @functools.cache
-def _captured_select() -> Any:
-    """``_select`` compiled once per process (a captured search's selection)."""
-    return torch.compile(_select, fullgraph=True, dynamic=False)
+def _captured_select(device: str) -> Any:
+    """``_select`` compiled once per process and device (a captured search's selection)."""
+    return torch.compile(_select, fullgraph=True, dynamic=False, options=compile_options(device))
 
 
 def _beam_search(
@@ -352,7 +352,7 @@ def _beam_search(
     cache = decode.new_cache(b * k, steps)
     beams = _Beams.start(limits, k, decode.width(steps))
     rules = _Rules(k, eos, config.early_stopping, tuple(never), torch.get_num_threads())
-    select = _captured_select() if decode.captured else _select
+    select = _captured_select(device.type) if decode.captured else _select
     tokens = torch.full((b * k, 1), bos, dtype=torch.long, device=device)  # (A·K, 1)
     alive = torch.arange(b, device=device)  # (A,) the sentences still searching
     found: list[list[int]] = [[] for _ in range(b)]

@@ -100,6 +100,24 @@ def wants_capture(model: nn.Module, setting: str, rows: int, steps: int) -> bool
     return device == "cuda" or (device == "cpu" and rows <= CAPTURE_ROWS)
 
 
+def compile_options(device: str) -> dict[str, str | int | bool | Callable[..., Any]]:
+    """Inductor's options for a captured function on ``device`` (the step, and beam search's
+    selection):
+
+    * inductor computes a fused bf16 expression in fp32 and rounds once; eager PyTorch rounds
+      after every operation.  Emulating eager's roundings keeps the tokens identical;
+    * on a CPU, the generated code that calls the kernels is C++ (``cpp_wrapper``), not
+      Python: a step calls some forty products and as many fused loops, and the Python
+      between them was measurable in every step (docs/performance.md, "On an Intel Xeon with
+      AMX");
+    * on CUDA, the step is replayed as a CUDA graph (what ``mode="reduce-overhead"`` sets)."""
+    return {
+        "emulate_precision_casts": True,
+        "cpp_wrapper": device == "cpu",
+        "triton.cudagraphs": device == "cuda",
+    }
+
+
 def _step(model: nn.Module, tokens: Tensor, cache: StaticCache, threads: int) -> Tensor:
     """(B, 1) tokens -> (B, V) next-token logits, writing their keys into ``cache``: a
     decoder-only model's forward, or an encoder-decoder's decoder after its first step (the
@@ -121,15 +139,10 @@ class CapturedStep:
         for name in ("recompile_limit", "accumulated_recompile_limit"):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
         self.model = weakref.ref(model)  # the step does not keep its model alive
-        cuda = next(model.parameters()).device.type == "cuda"
-        # Inductor computes a fused bf16 expression in fp32 and rounds once; eager PyTorch rounds
-        # after every operation.  Emulating eager's roundings keeps the tokens identical.  On
-        # CUDA the step is replayed as a CUDA graph (what mode="reduce-overhead" sets).
-        options: dict[str, str | int | bool | Callable[..., Any]] = {
-            "emulate_precision_casts": True,
-            "triton.cudagraphs": cuda,
-        }
-        self.fn = torch.compile(_step, fullgraph=True, dynamic=False, options=options)
+        device = next(model.parameters()).device.type
+        self.fn = torch.compile(
+            _step, fullgraph=True, dynamic=False, options=compile_options(device)
+        )
         # (batch size, threads) -> seconds of the first call, the capture included
         self.capture_seconds: dict[tuple[int, int], float] = {}
 
