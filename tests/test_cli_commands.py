@@ -21,6 +21,7 @@ import torch
 
 from aiayn.checkpoint import load
 from aiayn.cli import main
+from aiayn.cli.decoding import _report_timing
 from aiayn.config import presets
 from aiayn.data.tokenizer import BPETokenizer, CharTokenizer
 from aiayn.generate import SamplingConfig, generate
@@ -226,6 +227,25 @@ def test_verbose_logs_the_cpu_kernels_once_and_off_takes_none(
     monkeypatch.setenv("AIAYN_CPU_KERNELS", "off")
     code, _, err = run_cli(args, capsys)
     assert code == 0 and "decoding" not in err, err
+
+
+def test_timing_leaves_a_capture_out_of_the_time_a_token(
+    char_lm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--timing``: a capture made during the run (the first step after the first token, its
+    step included) is reported on its own, not spread over the tokens as if each were slow."""
+    _report_timing(0.0, [0.1, 2.1, 2.2, 2.3], [2.0])  # 2 s of capture, then two 0.1 s steps
+    line = capsys.readouterr().err.strip()
+    threads = torch.get_num_threads()
+    assert line == (
+        f"first token 100 ms; then 100.00 ms a token; {threads} threads; step captured in 2.0 s"
+    )
+    _report_timing(0.0, [0.1, 2.1], [2.0])  # no step but the captured one: no time a token
+    expected = f"first token 100 ms; {threads} threads; step captured in 2.0 s"
+    assert capsys.readouterr().err.strip() == expected
+    code, _, err = run_cli([*gen_args(char_lm, "To be", 8), "--timing", "--compile", "off"], capsys)
+    assert code == 0, err
+    assert re.fullmatch(r"first token \d+ ms; then [\d.]+ ms a token; \d+ threads", err.strip())
 
 
 def test_sampling_is_seeded_and_is_what_the_library_samples(

@@ -52,6 +52,7 @@ def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, ids: Any) ->
             sys.stdout.write(text.add(int(token[0])))
             sys.stdout.flush()
 
+    before = dict(_captures(model))
     start = time.perf_counter()
     generate(
         model,
@@ -68,24 +69,37 @@ def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, ids: Any) ->
     )
     sys.stdout.write(text.rest() + "\n")
     if args.timing:
-        _report_timing(model, start, times)
+        made = {k: s for k, s in _captures(model).items() if k not in before}
+        _report_timing(start, times, list(made.values()))
     return 0
 
 
-def _report_timing(model: object, start: float, times: list[float]) -> None:
-    """Time to the first token, and to each later one, on stderr (``--timing``)."""
+def _captures(model: object) -> dict[tuple[int, int, int], float]:
+    """The captures of ``model``'s decoding step so far in this process: seconds of each
+    shape's first call (aiayn/generate/captured.py); none where the step is not captured."""
     import torch
 
     from aiayn.generate.captured import captured_step, wants_capture
 
-    line = f"first token {1e3 * (times[0] - start):.0f} ms"
-    if len(times) > 1:
-        line += f"; then {1e3 * (times[-1] - times[0]) / (len(times) - 1):.2f} ms a token"
-    line += f"; {torch.get_num_threads()} threads"
     if isinstance(model, torch.nn.Module) and wants_capture(model, "on", rows=1, steps=1):
-        captures = captured_step(model).capture_seconds
-        if captures:
-            line += "; step captured in " + ", ".join(f"{s:.1f} s" for s in captures.values())
+        return dict(captured_step(model).capture_seconds)
+    return {}
+
+
+def _report_timing(start: float, times: list[float], captures: list[float]) -> None:
+    """Time to the first token, and to each later one, on stderr (``--timing``).  A capture
+    made during the run is the first step after the first token: its seconds (the step's
+    own included) are reported on their own and left out of the time a token."""
+    import torch
+
+    line = f"first token {1e3 * (times[0] - start):.0f} ms"
+    steps = len(times) - 1 - len(captures)  # a capture's seconds hold its step's too
+    if steps > 0:
+        steady = times[-1] - times[0] - sum(captures)
+        line += f"; then {1e3 * steady / steps:.2f} ms a token"
+    line += f"; {torch.get_num_threads()} threads"
+    if captures:
+        line += "; step captured in " + ", ".join(f"{s:.1f} s" for s in captures)
     print(line, file=sys.stderr)
 
 

@@ -143,19 +143,20 @@ class CapturedStep:
         self.fn = torch.compile(
             _step, fullgraph=True, dynamic=False, options=compile_options(device)
         )
-        # (batch size, threads) -> seconds of the first call, the capture included
-        self.capture_seconds: dict[tuple[int, int], float] = {}
+        # (batch size, threads, cache slots) -> seconds of the first call, the capture included
+        self.capture_seconds: dict[tuple[int, int, int], float] = {}
 
     def __call__(self, tokens: Tensor, cache: StaticCache) -> Tensor:
         """(B, 1) tokens -> (B, V) logits; the cache must have a free slot."""
         model = self.model()
         assert model is not None, "a captured step outlived its model"
         cache.reserve(1)
-        key = tokens.shape[0], torch.get_num_threads()
+        threads = torch.get_num_threads()
+        key = tokens.shape[0], threads, cache.capacity
         if key in self.capture_seconds:
-            return self.fn(model, tokens, cache, key[1])
+            return self.fn(model, tokens, cache, threads)
         start = time.perf_counter()
-        logits = self.fn(model, tokens, cache, key[1])
+        logits = self.fn(model, tokens, cache, threads)
         self.capture_seconds[key] = time.perf_counter() - start
         return logits
 
