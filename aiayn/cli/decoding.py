@@ -35,6 +35,7 @@ def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, ids: Any) ->
 
     from aiayn.cli.loading import _sampling
     from aiayn.generate import generate
+    from aiayn.generate.captured import capture_seconds
     from aiayn.generate.text import TextStream
 
     eos = () if args.ignore_eos else ids.eos
@@ -52,7 +53,7 @@ def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, ids: Any) ->
             sys.stdout.write(text.add(int(token[0])))
             sys.stdout.flush()
 
-    before = dict(_captures(model))
+    before = capture_seconds(model)
     start = time.perf_counter()
     generate(
         model,
@@ -69,21 +70,9 @@ def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, ids: Any) ->
     )
     sys.stdout.write(text.rest() + "\n")
     if args.timing:
-        made = {k: s for k, s in _captures(model).items() if k not in before}
+        made = {k: s for k, s in capture_seconds(model).items() if k not in before}
         _report_timing(start, times, list(made.values()))
     return 0
-
-
-def _captures(model: object) -> dict[tuple[int, int, int], float]:
-    """The captures of ``model``'s decoding step so far in this process: seconds of each
-    shape's first call (aiayn/generate/captured.py); none where the step is not captured."""
-    import torch
-
-    from aiayn.generate.captured import captured_step, wants_capture
-
-    if isinstance(model, torch.nn.Module) and wants_capture(model, "on", rows=1, steps=1):
-        return dict(captured_step(model).capture_seconds)
-    return {}
 
 
 def _report_timing(start: float, times: list[float], captures: list[float]) -> None:

@@ -172,6 +172,14 @@ def captured_step(model: nn.Module) -> CapturedStep:
     return step
 
 
+def capture_seconds(model: nn.Module) -> dict[tuple[int, int, int], float]:
+    """The captures of ``model``'s step so far in this process (``CapturedStep.capture_seconds``,
+    a copy); none where no step was made.  Reading them makes no step: a step's
+    ``torch.compile`` costs a second or more to set up."""
+    step = _STEPS.get(model)
+    return {} if step is None else dict(step.capture_seconds)
+
+
 def compile_counters() -> dict[str, Any]:
     """Inductor's FX graph cache hits and misses in this process (a miss compiled)."""
     from torch._dynamo.utils import counters
