@@ -94,7 +94,7 @@ def candidates(layers: list[Int8Linear]) -> dict[str, Callable[[], Any]]:
 
     def aiayn() -> None:
         for m, x, h in zip(layers, xs, handles, strict=True):
-            int8_dynamic_linear(x, m.qweight, h)
+            int8_dynamic_linear(x, m.qweight, h, reduce_range)
 
     def fbgemm_direct() -> None:
         for x, p in zip(xs, fbgemm, strict=True):

@@ -219,7 +219,7 @@ def int8_bits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if bits == 8 and not int8_kernel.CPU_HAS_VNNI:
         pytest.skip("8-bit int8 activations need VNNI or AMX (without, the products saturate)")
     monkeypatch.setattr(int8_kernel, "INT8_ACTIVATION_BITS", bits)
-    monkeypatch.setattr(int8_kernel, "_REDUCE_RANGE", bits == 7)
+    monkeypatch.setattr(int8_kernel, "REDUCE_RANGE", bits == 7)
     return bits
 
 

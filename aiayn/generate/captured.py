@@ -35,6 +35,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 from aiayn.data.download import default_cache
 from aiayn.errors import UserError
 from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.nn import native_ops
 from aiayn.nn.static_cache import StaticCache
 from aiayn.nn.static_cache import supports as static_supports
 
@@ -133,13 +135,15 @@ class CapturedStep:
     """The one-token decoding step of ``model``, compiled once per batch size."""
 
     def __init__(self, model: nn.Module) -> None:
-        use_inductor_cache()
+        cache = use_inductor_cache()
         # One capture per (batch size, thread count, cache size): more than dynamo's default
         # of 8 per function, past which it would run the step eagerly.
         for name in ("recompile_limit", "accumulated_recompile_limit"):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
         self.model = weakref.ref(model)  # the step does not keep its model alive
         device = next(model.parameters()).device.type
+        if device == "cpu":
+            native_ops.load(Path(cache))  # the products without the interpreter
         self.fn = torch.compile(
             _step, fullgraph=True, dynamic=False, options=compile_options(device)
         )

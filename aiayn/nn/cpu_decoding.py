@@ -125,7 +125,8 @@ class DecodingInt8Linear(Int8Linear):
         ):
             return super().forward(x)
         flat = x.reshape(-1, x.shape[-1]).float()  # (N, I): fbgemm takes fp32 activations
-        out = int8_dynamic_linear(flat, self.qweight, self.handle)  # (N, O)
+        bits7 = int8_kernel.REDUCE_RANGE  # read at call time: tests set it
+        out = int8_dynamic_linear(flat, self.qweight, self.handle, bits7)  # (N, O)
         return out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])  # (..., O)
 
 

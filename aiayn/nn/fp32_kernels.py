@@ -31,6 +31,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
+from aiayn.nn import native_ops
 from aiayn.nn.cpu_kernels import PACKED_ROW_MULTIPLE, gemv, onednn_linear, pad_rows
 
 _PACKED: dict[int, weakref.ref[Tensor]] = {}  # handle -> the layer's packed weight (weakly)
@@ -45,7 +46,14 @@ def register(layer: nn.Module, packed: Tensor) -> int:
         handle = _LAYER_HANDLES[layer] = next(_NEXT)
         weakref.finalize(layer, _PACKED.pop, handle, None)  # a freed layer leaves no entry
     _PACKED[handle] = weakref.ref(packed)
+    native_ops.set_packed(handle, packed)
     return handle
+
+
+def live_weights() -> list[tuple[int, Tensor]]:
+    """The (handle, packed weight) pairs whose weights are alive."""
+    pairs = [(handle, ref()) for handle, ref in list(_PACKED.items())]
+    return [(handle, packed) for handle, packed in pairs if packed is not None]
 
 
 # Defined through ``torch.library.Library`` for the reason aiayn/nn/int8_kernel.py gives.
@@ -72,7 +80,10 @@ def _gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return gemv(x, weight.detach().numpy().T, b)
 
 
-_LIB.impl("packed_linear", _packed_linear, "CPU")
+# packed_linear's Python implementation serves every backend key; the C++ one of
+# aiayn/nn/native_ops.py, once loaded, takes the CPU key ahead of it.  gemv_linear runs numpy's
+# BLAS, which C++ does not reach.
+_LIB.impl("packed_linear", _packed_linear, "CompositeExplicitAutograd")
 _LIB.impl("gemv_linear", _gemv_linear, "CPU")
 
 

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from aiayn.device import cpu_flags
 from aiayn.errors import UserError
+from aiayn.nn import native_ops
 from aiayn.nn.quantized import Int8Linear
 
 # Without VNNI, x86's 8-bit multiply-add saturates in 16 bits: fbgemm then needs activations
@@ -55,7 +56,7 @@ def _activation_bits(setting: str | None, vnni: bool) -> int:
 
 
 INT8_ACTIVATION_BITS = _activation_bits(os.environ.get(ACTIVATION_BITS_VAR), CPU_HAS_VNNI)
-_REDUCE_RANGE = INT8_ACTIVATION_BITS == 7  # fbgemm's flag for 7-bit activations
+REDUCE_RANGE = INT8_ACTIVATION_BITS == 7  # fbgemm's flag for 7-bit activations
 AVAILABLE = hasattr(torch.ops.quantized, "linear_dynamic")
 
 
@@ -96,6 +97,7 @@ def packed(m: Int8Linear) -> int | None:
             return None
         handle = next(_NEXT)
         _HANDLES[handle] = weakref.ref(weight)
+        native_ops.set_int8(handle, weight)
         known = versions, weight, handle
         _PACKED[m] = known
     return known[2]
@@ -107,24 +109,35 @@ def packed(m: Int8Linear) -> int | None:
 # step makes some forty of them (docs/performance.md, "A captured decoding step").  Decoding
 # needs no gradient.
 _LIB = torch.library.Library("aiayn", "DEF")
-_LIB.define("int8_dynamic_linear(Tensor x, Tensor qweight, int handle) -> Tensor")
+_LIB.define(
+    "int8_dynamic_linear(Tensor x, Tensor qweight, int handle, bool reduce_range) -> Tensor"
+)
 
 
-def _int8_dynamic_linear(x: Tensor, qweight: Tensor, handle: int) -> Tensor:
+def live_weights() -> list[tuple[int, Any]]:
+    """The (handle, packed weight) pairs whose weights are alive."""
+    pairs = [(handle, ref()) for handle, ref in list(_HANDLES.items())]
+    return [(handle, weight) for handle, weight in pairs if weight is not None]
+
+
+def _int8_dynamic_linear(x: Tensor, qweight: Tensor, handle: int, reduce_range: bool) -> Tensor:
     """(N, I) fp32 activations times the packed int8 weight ``handle`` (bias included) ->
-    (N, O) fp32.  ``qweight`` is the layer's (O, I) int8 weight: it gives the fake
-    implementation its shape."""
+    (N, O) fp32, the activations quantized to 7 bits where ``reduce_range`` (REDUCE_RANGE),
+    else 8.  ``qweight`` is the layer's (O, I) int8 weight: it gives the fake implementation
+    its shape."""
     weight = _HANDLES[handle]()
     if weight is None:
         raise RuntimeError(f"int8 weight handle {handle} outlived its layer")
-    return torch.ops.quantized.linear_dynamic(x, weight, _REDUCE_RANGE)
+    return torch.ops.quantized.linear_dynamic(x, weight, reduce_range)
 
 
-_LIB.impl("int8_dynamic_linear", _int8_dynamic_linear, "CPU")
+# The Python implementation serves every backend key; the C++ one of aiayn/nn/native_ops.py,
+# once loaded, takes the CPU key ahead of it.
+_LIB.impl("int8_dynamic_linear", _int8_dynamic_linear, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("aiayn::int8_dynamic_linear", lib=_LIB)
-def _(x: Tensor, qweight: Tensor, handle: int) -> Tensor:
+def _(x: Tensor, qweight: Tensor, handle: int, reduce_range: bool) -> Tensor:
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
