@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from aiayn.nn import native_ops
 from aiayn.nn.cpu_kernels import PACKED_ROW_MULTIPLE, gemv, onednn_linear, pad_rows
 
-_PACKED: dict[int, weakref.ref[Tensor]] = {}  # handle -> the layer's packed weight (weakly)
+_WEIGHTS = native_ops.WeightTable("_native_set_packed", PACKED_ROW_MULTIPLE)  # handle -> weight
 _NEXT = itertools.count()
 _LAYER_HANDLES: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
 
@@ -44,16 +44,9 @@ def register(layer: nn.Module, packed: Tensor) -> int:
     handle = _LAYER_HANDLES.get(layer)
     if handle is None:
         handle = _LAYER_HANDLES[layer] = next(_NEXT)
-        weakref.finalize(layer, _PACKED.pop, handle, None)  # a freed layer leaves no entry
-    _PACKED[handle] = weakref.ref(packed)
-    native_ops.set_packed(handle, packed)
+        weakref.finalize(layer, _WEIGHTS.forget, handle)  # a freed layer leaves no entry
+    _WEIGHTS.put(handle, packed)
     return handle
-
-
-def live_weights() -> list[tuple[int, Tensor]]:
-    """The (handle, packed weight) pairs whose weights are alive."""
-    pairs = [(handle, ref()) for handle, ref in list(_PACKED.items())]
-    return [(handle, packed) for handle, packed in pairs if packed is not None]
 
 
 # Defined through ``torch.library.Library`` for the reason aiayn/nn/int8_kernel.py gives.
@@ -66,8 +59,7 @@ def _packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, handle: int) 
     """(N, I) fp32 rows times the packed weight ``handle``, plus ``bias`` -> (N, O).
     ``weight`` is the layer's plain (O, I) weight: it gives the fake implementation its
     shape."""
-    known = _PACKED.get(handle)
-    packed = None if known is None else known()
+    packed = _WEIGHTS.get(handle)
     if packed is None:
         raise RuntimeError(f"packed weight {handle} is used outside its decoding block")
     rows = x.shape[0]

@@ -77,7 +77,7 @@ def _dynamic_pack(qweight: Tensor, scale: Tensor, bias: Tensor | None) -> Any | 
         return None
 
 
-_HANDLES: dict[int, weakref.ref[Any]] = {}  # handle -> packed weight (weakly)
+_WEIGHTS = native_ops.WeightTable("_native_set_int8")  # handle -> packed weight (weakly)
 _NEXT = itertools.count()
 # Each int8 layer's packed weight and its handle, made once per process (packing is a pass
 # over every weight), and made again only if the layer's weights change in place.
@@ -96,8 +96,7 @@ def packed(m: Int8Linear) -> int | None:
         if weight is None:
             return None
         handle = next(_NEXT)
-        _HANDLES[handle] = weakref.ref(weight)
-        native_ops.set_int8(handle, weight)
+        _WEIGHTS.put(handle, weight)
         known = versions, weight, handle
         _PACKED[m] = known
     return known[2]
@@ -114,18 +113,12 @@ _LIB.define(
 )
 
 
-def live_weights() -> list[tuple[int, Any]]:
-    """The (handle, packed weight) pairs whose weights are alive."""
-    pairs = [(handle, ref()) for handle, ref in list(_HANDLES.items())]
-    return [(handle, weight) for handle, weight in pairs if weight is not None]
-
-
 def _int8_dynamic_linear(x: Tensor, qweight: Tensor, handle: int, reduce_range: bool) -> Tensor:
     """(N, I) fp32 activations times the packed int8 weight ``handle`` (bias included) ->
     (N, O) fp32, the activations quantized to 7 bits where ``reduce_range`` (REDUCE_RANGE),
     else 8.  ``qweight`` is the layer's (O, I) int8 weight: it gives the fake implementation
     its shape."""
-    weight = _HANDLES[handle]()
+    weight = _WEIGHTS.get(handle)
     if weight is None:
         raise RuntimeError(f"int8 weight handle {handle} outlived its layer")
     return torch.ops.quantized.linear_dynamic(x, weight, reduce_range)

@@ -19,9 +19,9 @@ renamed).  Only a process that captures a step loads it (``load``), where the ca
 costs more.  Without a compiler, or if the build fails, the reason is logged once and the
 Python implementations serve the operators as before; ``AIAYN_NATIVE_OPS=off`` chooses them.
 
-Packed weights are named by integer handles in the Python modules' tables; each handle and its
-weight is passed on to the C++ tables (``set_packed``, ``set_int8``), which hold them weakly
-as the Python tables do.
+Packed weights are named by integer handles, in a ``WeightTable`` per operator; each handle and
+its weight is handed on to the operator's C++ table, which holds it weakly as the Python
+table does.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,8 @@ def load(folder: Path) -> bool:
         log.warning("the C++ decoding products are not used (%s): the Python ones serve", err)
         return False
     _STATE["loaded"] = True
-    _pass_on_known_weights()
+    for table in _TABLES:
+        table.hand_on_all()
     return True
 
 
@@ -139,25 +141,37 @@ def loaded() -> bool:
     return _STATE.get("loaded") is True
 
 
-def _pass_on_known_weights() -> None:
-    """Hand the weights packed before the library was loaded to its tables."""
-    from aiayn.nn import fp32_kernels, int8_kernel
+class WeightTable:
+    """Packed weights named by integer handles, held weakly (a freed weight leaves its handle
+    naming nothing), and handed on to the C++ table that ``setter`` fills -- each weight as
+    it is put, and those put before, when the library is loaded."""
 
-    for handle, packed in fp32_kernels.live_weights():
-        set_packed(handle, packed)
-    for handle, weight in int8_kernel.live_weights():
-        set_int8(handle, weight)
+    def __init__(self, setter: str, *extra: int) -> None:
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._setter, self._extra = setter, extra  # extra: the setter's further arguments
+        _TABLES.append(self)
+
+    def put(self, handle: int, weight: Any) -> None:
+        self._refs[handle] = weakref.ref(weight)
+        if loaded():
+            self._hand_on(handle, weight)
+
+    def get(self, handle: int) -> Any | None:
+        """The weight ``handle`` names, or None (never named, or freed)."""
+        ref = self._refs.get(handle)
+        return None if ref is None else ref()
+
+    def forget(self, handle: int) -> None:
+        self._refs.pop(handle, None)
+
+    def hand_on_all(self) -> None:
+        for handle in list(self._refs):
+            weight = self.get(handle)
+            if weight is not None:
+                self._hand_on(handle, weight)
+
+    def _hand_on(self, handle: int, weight: Any) -> None:
+        getattr(torch.ops.aiayn, self._setter)(handle, weight, *self._extra)
 
 
-def set_packed(handle: int, packed: torch.Tensor) -> None:
-    """Make ``packed`` the fp32 weight that ``handle`` names in C++ too (when loaded)."""
-    if loaded():
-        from aiayn.nn.cpu_kernels import PACKED_ROW_MULTIPLE
-
-        torch.ops.aiayn._native_set_packed(handle, packed, PACKED_ROW_MULTIPLE)
-
-
-def set_int8(handle: int, weight: Any) -> None:
-    """Make fbgemm's packed ``weight`` the one ``handle`` names in C++ too (when loaded)."""
-    if loaded():
-        torch.ops.aiayn._native_set_int8(handle, weight)
+_TABLES: list[WeightTable] = []
